@@ -1,0 +1,10 @@
+//! relaylet-sim: in-process stand-ins for kube-apiserver and the kubelet.
+//!
+//! relaylet's tests and its local sandbox run against these instead of a real cluster. They
+//! behave like the real components in everything relaylet and kubectl touch: the kubelet's
+//! streaming API (SPDY/3.1 and the `channel.k8s.io` WebSocket family) backed by real local
+//! processes, and an API server with list/watch, patching, authentication and the kubelet proxy.
+
+pub mod serve;
+pub mod status;
+pub mod tls;
