@@ -5,6 +5,11 @@
 //! streaming API (SPDY/3.1 and the `channel.k8s.io` WebSocket family) backed by real local
 //! processes, and an API server with list/watch, patching, authentication and the kubelet proxy.
 
+pub mod apiserver;
+pub mod channel;
+pub mod kubelet;
+pub mod kubelet_proxy;
 pub mod serve;
+pub mod spdy;
 pub mod status;
 pub mod tls;

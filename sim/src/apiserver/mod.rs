@@ -1,0 +1,1 @@
+//! The API server stand-in: an in-memory kube-apiserver.

@@ -1,0 +1,1 @@
+//! How kube-apiserver proxies pod subresources and node proxy calls to a kubelet.
