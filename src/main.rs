@@ -1,1 +1,64 @@
-fn main() {}
+//! relaylet's entry point: parses the command line and wires the parts together.
+
+use std::process::ExitCode;
+
+use relaylet::config::{Config, LogFormat};
+use relaylet::shutdown::Shutdown;
+
+const USAGE: &str = "usage: relaylet [serve | sandbox [--kubeconfig-out PATH]]
+
+  serve    (default) run as a virtual node's kubelet; configured by env vars (see README)
+  sandbox  start simulated root and leaf clusters with relaylet between them, for your kubectl";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("relaylet: starting the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match args.first().map(String::as_str) {
+        None | Some("serve") => runtime.block_on(serve()),
+        Some("sandbox") => runtime.block_on(sandbox(&args[1..])),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(anyhow::anyhow!("unknown command {other:?}\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("relaylet: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> anyhow::Result<()> {
+    let config = Config::from_env()?;
+    relaylet::telemetry::init(config.log_format);
+    let root = kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!("connecting to the root cluster (KUBECONFIG or in-cluster): {e}")
+    })?;
+    let shutdown = Shutdown::default();
+    shutdown.on_signals(std::time::Duration::from_secs(30));
+    let running = relaylet::start(config, root, shutdown).await?;
+    running.server.await?;
+    Ok(())
+}
+
+#[cfg(feature = "sim")]
+async fn sandbox(args: &[String]) -> anyhow::Result<()> {
+    relaylet::telemetry::init(LogFormat::Text);
+    let options = relaylet::sandbox::Options::parse(args)?;
+    relaylet::sandbox::run(options).await
+}
+
+#[cfg(not(feature = "sim"))]
+async fn sandbox(_args: &[String]) -> anyhow::Result<()> {
+    let _ = LogFormat::Text;
+    anyhow::bail!("this build has no sandbox (built without the `sim` feature)")
+}

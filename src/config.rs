@@ -1,0 +1,537 @@
+//! relaylet's settings, read from environment variables and validated once at start.
+//!
+//! Names follow Kosmos where Kosmos has one (`LEAF_NODE_IP`, `PREFERRED-ADDRESS-TYPE`,
+//! `APISERVER_CERT_LOCATION`, ...), so an existing clustertree install can switch without
+//! renaming. Every bad value is reported on one line naming the variable, and all of them are
+//! reported at once so a user fixes a manifest in one go.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The label that marks a Secret as a leaf cluster's kubeconfig; its value is the leaf name.
+pub const DEFAULT_LEAF_SECRET_LABEL: &str = "relaylet.io/leaf-cluster";
+
+/// The address types kube-apiserver understands in `--kubelet-preferred-address-types`.
+pub const ADDRESS_TYPES: [&str; 5] = [
+    "Hostname",
+    "InternalDNS",
+    "InternalIP",
+    "ExternalDNS",
+    "ExternalIP",
+];
+
+/// How callers of the kubelet API are authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Client certificates from the root client CA, or bearer tokens via TokenReview; every
+    /// request authorized with SubjectAccessReview.
+    Webhook,
+    /// Client certificates from the root client CA only.
+    X509,
+    /// Anyone may call. For local sandboxes only.
+    None,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// One leaf cluster given directly by kubeconfig file (`LEAF_KUBECONFIG`), without a Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticLeaf {
+    pub name: String,
+    pub kubeconfig: PathBuf,
+}
+
+/// Where the serving certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServingCert {
+    /// PEM files, re-read when they change.
+    Files { cert: PathBuf, key: PathBuf },
+    /// A self-signed certificate made at start for `LEAF_NODE_IP`.
+    SelfSigned,
+}
+
+/// Every setting relaylet reads from its environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub leaf_node_ip: IpAddr,
+    pub preferred_address_type: String,
+    pub serving_cert: ServingCert,
+    pub client_ca: Option<PathBuf>,
+    pub node_server_port: u16,
+    pub static_leaf: Option<StaticLeaf>,
+    pub leaf_secret_namespace: Option<String>,
+    pub leaf_secret_label: String,
+    pub node_name_prefix: String,
+    pub auth_mode: AuthMode,
+    pub stream_idle_timeout: Duration,
+    pub stream_creation_timeout: Duration,
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
+    pub leader_elect: bool,
+    pub metrics_addr: SocketAddr,
+    pub log_format: LogFormat,
+}
+
+/// One bad environment variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VarError {
+    pub var: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for VarError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.var, self.message)
+    }
+}
+
+/// All the bad variables found, one per line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError(pub Vec<VarError>);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, err) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "invalid configuration: {err}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `lookup` (the environment in production, a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut vars = Vars {
+            lookup: &lookup,
+            errors: Vec::new(),
+        };
+
+        let leaf_node_ip = match vars.get("LEAF_NODE_IP") {
+            None => {
+                vars.error(
+                    "LEAF_NODE_IP",
+                    "required: set it to the pod IP (downward API status.podIP)",
+                );
+                IpAddr::from([0, 0, 0, 0])
+            }
+            Some(raw) => vars.parse("LEAF_NODE_IP", &raw, IpAddr::from([0, 0, 0, 0]), |v| {
+                v.parse::<IpAddr>()
+                    .map_err(|_| format!("{v:?} is not an IP address"))
+            }),
+        };
+
+        // Kosmos spells it with dashes, which most shells cannot export; accept both.
+        let (address_var, address_raw) = match vars.get("PREFERRED-ADDRESS-TYPE") {
+            Some(v) => ("PREFERRED-ADDRESS-TYPE", Some(v)),
+            None => ("PREFERRED_ADDRESS_TYPE", vars.get("PREFERRED_ADDRESS_TYPE")),
+        };
+        let preferred_address_type = match address_raw {
+            None => "InternalDNS".to_string(),
+            Some(raw) => vars.parse(address_var, &raw, String::new(), |v| {
+                ADDRESS_TYPES
+                    .iter()
+                    .find(|t| t.eq_ignore_ascii_case(v))
+                    .map(|t| t.to_string())
+                    .ok_or_else(|| format!("{v:?} is not one of {}", ADDRESS_TYPES.join(", ")))
+            }),
+        };
+
+        let serving_cert = match (
+            vars.get("APISERVER_CERT_LOCATION"),
+            vars.get("APISERVER_KEY_LOCATION"),
+        ) {
+            (Some(cert), Some(key)) => ServingCert::Files {
+                cert: cert.into(),
+                key: key.into(),
+            },
+            (None, None) => ServingCert::SelfSigned,
+            (Some(_), None) => {
+                vars.error(
+                    "APISERVER_KEY_LOCATION",
+                    "required when APISERVER_CERT_LOCATION is set",
+                );
+                ServingCert::SelfSigned
+            }
+            (None, Some(_)) => {
+                vars.error(
+                    "APISERVER_CERT_LOCATION",
+                    "required when APISERVER_KEY_LOCATION is set",
+                );
+                ServingCert::SelfSigned
+            }
+        };
+
+        let node_server_port = match vars.get("NODE_SERVER_PORT") {
+            None => 10250,
+            Some(raw) => vars.parse("NODE_SERVER_PORT", &raw, 10250, parse_port),
+        };
+
+        let static_leaf = match (vars.get("LEAF_KUBECONFIG"), vars.get("LEAF_CLUSTER_NAME")) {
+            (Some(path), name) => {
+                let name = name.unwrap_or_else(|| "leaf".to_string());
+                if let Err(message) = check_dns_label(&name) {
+                    vars.error("LEAF_CLUSTER_NAME", &message);
+                }
+                Some(StaticLeaf {
+                    name,
+                    kubeconfig: path.into(),
+                })
+            }
+            (None, Some(_)) => {
+                vars.error(
+                    "LEAF_CLUSTER_NAME",
+                    "set without LEAF_KUBECONFIG: name a kubeconfig file for the leaf, or drop it",
+                );
+                None
+            }
+            (None, None) => None,
+        };
+
+        let node_name_prefix = vars
+            .get("NODE_NAME_PREFIX")
+            .unwrap_or_else(|| "relaylet-".to_string());
+        if !node_name_prefix.is_empty()
+            && let Err(message) = check_dns_subdomain_prefix(&node_name_prefix)
+        {
+            vars.error("NODE_NAME_PREFIX", &message);
+        }
+
+        let auth_mode = match vars.get("AUTH_MODE") {
+            None => AuthMode::Webhook,
+            Some(raw) => vars.parse("AUTH_MODE", &raw, AuthMode::Webhook, |v| match v {
+                "webhook" => Ok(AuthMode::Webhook),
+                "x509" => Ok(AuthMode::X509),
+                "none" => Ok(AuthMode::None),
+                _ => Err(format!("{v:?} is not one of webhook, x509, none")),
+            }),
+        };
+
+        let stream_idle_timeout =
+            vars.duration("STREAM_IDLE_TIMEOUT", Duration::from_secs(4 * 3600));
+        let stream_creation_timeout =
+            vars.duration("STREAM_CREATION_TIMEOUT", Duration::from_secs(30));
+
+        let leader_elect = match vars.get("LEADER_ELECT") {
+            None => true,
+            Some(raw) => vars.parse("LEADER_ELECT", &raw, true, |v| match v {
+                "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(format!("{v:?} is not true or false")),
+            }),
+        };
+
+        let metrics_addr = match vars.get("METRICS_ADDR") {
+            None => SocketAddr::from(([0, 0, 0, 0], 9090)),
+            Some(raw) => vars.parse(
+                "METRICS_ADDR",
+                &raw,
+                SocketAddr::from(([0, 0, 0, 0], 9090)),
+                |v| {
+                    v.parse::<SocketAddr>()
+                        .map_err(|_| format!("{v:?} is not an address like 0.0.0.0:9090"))
+                },
+            ),
+        };
+
+        let log_format = match vars.get("LOG_FORMAT") {
+            None => LogFormat::Text,
+            Some(raw) => vars.parse("LOG_FORMAT", &raw, LogFormat::Text, |v| match v {
+                "text" => Ok(LogFormat::Text),
+                "json" => Ok(LogFormat::Json),
+                _ => Err(format!("{v:?} is not text or json")),
+            }),
+        };
+
+        let config = Config {
+            leaf_node_ip,
+            preferred_address_type,
+            serving_cert,
+            client_ca: vars.get("APISERVER_CA_CERT_LOCATION").map(PathBuf::from),
+            node_server_port,
+            static_leaf,
+            leaf_secret_namespace: vars.get("LEAF_SECRET_NAMESPACE"),
+            leaf_secret_label: vars
+                .get("LEAF_SECRET_LABEL")
+                .unwrap_or_else(|| DEFAULT_LEAF_SECRET_LABEL.to_string()),
+            node_name_prefix,
+            auth_mode,
+            stream_idle_timeout,
+            stream_creation_timeout,
+            pod_name: vars.get("POD_NAME"),
+            pod_namespace: vars.get("POD_NAMESPACE"),
+            leader_elect,
+            metrics_addr,
+            log_format,
+        };
+        if vars.errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError(vars.errors))
+        }
+    }
+
+    /// The virtual node name for a leaf: prefix + leaf name.
+    pub fn node_name(&self, leaf: &str) -> String {
+        format!("{}{}", self.node_name_prefix, leaf)
+    }
+}
+
+/// Reads variables and collects what is wrong with them.
+struct Vars<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+    errors: Vec<VarError>,
+}
+
+impl Vars<'_> {
+    /// The variable's value; empty counts as unset, as Kubernetes manifests often leave it.
+    fn get(&self, var: &str) -> Option<String> {
+        (self.lookup)(var).filter(|v| !v.trim().is_empty())
+    }
+
+    fn error(&mut self, var: &'static str, message: &str) {
+        self.errors.push(VarError {
+            var,
+            message: message.to_string(),
+        });
+    }
+
+    /// Parses a value; on failure records the error and yields `fallback` so that checking can
+    /// go on and report every bad variable at once.
+    fn parse<T>(
+        &mut self,
+        var: &'static str,
+        raw: &str,
+        fallback: T,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> T {
+        match parse(raw.trim()) {
+            Ok(value) => value,
+            Err(message) => {
+                self.error(var, &message);
+                fallback
+            }
+        }
+    }
+
+    fn duration(&mut self, var: &'static str, default: Duration) -> Duration {
+        match self.get(var) {
+            None => default,
+            Some(raw) => self.parse(var, &raw, default, |v| {
+                let d = parse_duration(v)?;
+                if d.is_zero() {
+                    Err("must be greater than zero".to_string())
+                } else {
+                    Ok(d)
+                }
+            }),
+        }
+    }
+}
+
+fn parse_port(v: &str) -> Result<u16, String> {
+    match v.parse::<u16>() {
+        Ok(0) | Err(_) => Err(format!("{v:?} is not a port number 1-65535")),
+        Ok(port) => Ok(port),
+    }
+}
+
+/// Parses a Go-style duration (`4h`, `30s`, `1h30m`, `500ms`), the form Kubernetes users know
+/// from kubelet flags.
+pub fn parse_duration(v: &str) -> Result<Duration, String> {
+    let bad = || format!("{v:?} is not a duration like 30s, 4h or 1h30m");
+    if v.is_empty() {
+        return Err(bad());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = v;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        if digits == 0 {
+            return Err(bad());
+        }
+        let number: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total = total
+            .checked_add(Duration::try_from_secs_f64(number * seconds).map_err(|_| bad())?)
+            .ok_or_else(bad)?;
+    }
+    Ok(total)
+}
+
+/// A leaf name becomes part of a Node name and a label value: keep it a DNS-1123 label.
+pub fn check_dns_label(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} must be a DNS label: lowercase letters, digits and '-', at most 63 characters, starting and ending with a letter or digit"
+        ))
+    }
+}
+
+fn check_dns_subdomain_prefix(prefix: &str) -> Result<(), String> {
+    let ok = prefix.len() <= 200
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && !prefix.starts_with(['-', '.']);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{prefix:?} must be the start of a DNS subdomain: lowercase letters, digits, '-' and '.'"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_need_only_the_pod_ip() {
+        let c = config(&[("LEAF_NODE_IP", "10.1.2.3")]).unwrap();
+        assert_eq!(c.leaf_node_ip.to_string(), "10.1.2.3");
+        assert_eq!(c.preferred_address_type, "InternalDNS");
+        assert_eq!(c.node_server_port, 10250);
+        assert_eq!(c.auth_mode, AuthMode::Webhook);
+        assert_eq!(c.stream_idle_timeout, Duration::from_secs(4 * 3600));
+        assert_eq!(c.stream_creation_timeout, Duration::from_secs(30));
+        assert_eq!(c.serving_cert, ServingCert::SelfSigned);
+        assert_eq!(c.leaf_secret_label, DEFAULT_LEAF_SECRET_LABEL);
+        assert_eq!(c.node_name("leaf-1"), "relaylet-leaf-1");
+        assert!(c.leader_elect);
+    }
+
+    #[test]
+    fn missing_pod_ip_names_the_variable() {
+        let err = config(&[]).unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert_eq!(err.0[0].var, "LEAF_NODE_IP");
+        assert!(
+            err.to_string()
+                .starts_with("invalid configuration: LEAF_NODE_IP: required")
+        );
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_on_its_own_line() {
+        let err = config(&[
+            ("LEAF_NODE_IP", "not-an-ip"),
+            ("NODE_SERVER_PORT", "0"),
+            ("AUTH_MODE", "open"),
+            ("STREAM_IDLE_TIMEOUT", "4 hours"),
+            ("PREFERRED-ADDRESS-TYPE", "Banana"),
+            ("APISERVER_CERT_LOCATION", "/tls/tls.crt"),
+        ])
+        .unwrap_err();
+        let vars: Vec<_> = err.0.iter().map(|e| e.var).collect();
+        assert_eq!(
+            vars,
+            [
+                "LEAF_NODE_IP",
+                "PREFERRED-ADDRESS-TYPE",
+                "APISERVER_KEY_LOCATION",
+                "NODE_SERVER_PORT",
+                "AUTH_MODE",
+                "STREAM_IDLE_TIMEOUT"
+            ]
+        );
+        assert_eq!(err.to_string().lines().count(), 6);
+        assert!(
+            err.to_string()
+                .contains("NODE_SERVER_PORT: \"0\" is not a port")
+        );
+    }
+
+    #[test]
+    fn kosmos_and_shell_spellings_of_the_address_type() {
+        let c = config(&[
+            ("LEAF_NODE_IP", "::1"),
+            ("PREFERRED-ADDRESS-TYPE", "internalip"),
+        ])
+        .unwrap();
+        assert_eq!(c.preferred_address_type, "InternalIP");
+        let c = config(&[
+            ("LEAF_NODE_IP", "::1"),
+            ("PREFERRED_ADDRESS_TYPE", "Hostname"),
+        ])
+        .unwrap();
+        assert_eq!(c.preferred_address_type, "Hostname");
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_duration("4h").unwrap(), Duration::from_secs(14400));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        for bad in ["", "4", "h", "4x", "-1s", "1h-"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should fail");
+        }
+    }
+
+    #[test]
+    fn static_leaf_name_must_be_a_label() {
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_KUBECONFIG", "/leaf/kubeconfig"),
+            ("LEAF_CLUSTER_NAME", "leaf-a"),
+        ])
+        .unwrap();
+        assert_eq!(c.static_leaf.unwrap().name, "leaf-a");
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_KUBECONFIG", "/leaf/kubeconfig"),
+            ("LEAF_CLUSTER_NAME", "Leaf_A"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "LEAF_CLUSTER_NAME");
+    }
+}

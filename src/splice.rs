@@ -1,0 +1,189 @@
+//! Copies bytes both ways between the caller's upgraded connection and the leaf's, until either
+//! side closes, the stream has been idle too long, or relaylet shuts down.
+//!
+//! relaylet never parses the streaming protocol (SPDY, WebSocket, port-forward): it splices.
+//! Two rules matter for correctness:
+//! - Closing either side ends the other at once, so no leaf session outlives its client.
+//! - A cut relaylet makes itself (idle timeout, shutdown) resets the caller's TCP connection
+//!   instead of closing it cleanly. With SPDY, a clean close of every stream without an exit
+//!   Status makes client-go report success (exit code 0) for a command that was cut short; a
+//!   reset is reported as an error.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Bytes per read. One TLS record carries at most 16 KiB of plaintext.
+const BUF_SIZE: usize = 16 * 1024;
+
+/// The caller's side: the TLS connection the root apiserver opened, plus any bytes it sent
+/// right after the upgrade request that the HTTP server had already read.
+pub struct ClientSide {
+    pub io: tokio_rustls::server::TlsStream<TcpStream>,
+    pub read_ahead: Bytes,
+}
+
+impl ClientSide {
+    /// Resets the TCP connection (RST, not FIN), so the peer sees an error, not an end.
+    fn abort(self) {
+        let (tcp, _) = self.io.into_inner();
+        if let Err(err) = tcp.set_zero_linger() {
+            tracing::debug!(%err, "setting SO_LINGER=0 before reset");
+        }
+        drop(tcp);
+    }
+}
+
+/// How a splice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The caller closed (or its connection failed).
+    ClientClosed,
+    /// The leaf closed (or its connection failed): the session is over.
+    LeafClosed,
+    /// No byte moved either way for the idle timeout.
+    IdleTimeout,
+    /// relaylet is shutting down and the grace period is over.
+    Shutdown,
+}
+
+/// What a splice moved and how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub to_leaf: u64,
+    pub to_client: u64,
+    pub end: End,
+}
+
+/// Splices `client` and `leaf` until one side ends; see the module comment for the rules.
+pub async fn splice<L>(
+    client: ClientSide,
+    leaf: L,
+    idle: Duration,
+    stop: CancellationToken,
+) -> Outcome
+where
+    L: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let last_activity = Arc::new(AtomicU64::new(0));
+    let to_leaf = AtomicU64::new(0);
+    let to_client = AtomicU64::new(0);
+
+    let ClientSide { io, read_ahead } = client;
+    let mut client_io = io;
+    let mut leaf = leaf;
+    let end = {
+        let (mut client_read, mut client_write) = tokio::io::split(&mut client_io);
+        let (mut leaf_read, mut leaf_write) = tokio::io::split(&mut leaf);
+        let upstream = async {
+            if !read_ahead.is_empty() {
+                leaf_write.write_all(&read_ahead).await?;
+                leaf_write.flush().await?;
+                to_leaf.fetch_add(read_ahead.len() as u64, Ordering::Relaxed);
+            }
+            copy(
+                &mut client_read,
+                &mut leaf_write,
+                &to_leaf,
+                &last_activity,
+                start,
+            )
+            .await
+        };
+        let downstream = copy(
+            &mut leaf_read,
+            &mut client_write,
+            &to_client,
+            &last_activity,
+            start,
+        );
+        let idle_watch = idle_expired(&last_activity, start, idle);
+        tokio::select! {
+            result = upstream => {
+                if let Err(err) = result {
+                    tracing::debug!(%err, "client side ended with an error");
+                }
+                End::ClientClosed
+            }
+            result = downstream => {
+                if let Err(err) = result {
+                    tracing::debug!(%err, "leaf side ended with an error");
+                }
+                End::LeafClosed
+            }
+            _ = idle_watch => End::IdleTimeout,
+            _ = stop.cancelled() => End::Shutdown,
+        }
+    };
+    let outcome = Outcome {
+        to_leaf: to_leaf.load(Ordering::Relaxed),
+        to_client: to_client.load(Ordering::Relaxed),
+        end,
+    };
+    match end {
+        // The leaf finished: everything it sent has been written to the caller; end cleanly.
+        End::LeafClosed => {
+            let _ = client_io.shutdown().await;
+        }
+        // The caller is gone: close the leaf connection now so the leaf session ends too.
+        End::ClientClosed => {
+            let _ = leaf.shutdown().await;
+        }
+        End::IdleTimeout | End::Shutdown => {
+            drop(leaf);
+            ClientSide {
+                io: client_io,
+                read_ahead: Bytes::new(),
+            }
+            .abort();
+        }
+    }
+    outcome
+}
+
+/// Copies until EOF; each chunk is flushed at once (interactive shells need every keystroke).
+/// On EOF the writer is shut down so the other side sees the end.
+async fn copy<R, W>(
+    reader: &mut R,
+    writer: &mut W,
+    counter: &AtomicU64,
+    last_activity: &AtomicU64,
+    start: Instant,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUF_SIZE];
+    loop {
+        let n = reader.read(&mut buf).await?;
+        if n == 0 {
+            writer.shutdown().await?;
+            return Ok(());
+        }
+        writer.write_all(&buf[..n]).await?;
+        writer.flush().await?;
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        last_activity.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Resolves once no byte has moved for `idle`.
+async fn idle_expired(last_activity: &AtomicU64, start: Instant, idle: Duration) {
+    loop {
+        let last = Duration::from_millis(last_activity.load(Ordering::Relaxed));
+        let deadline = start + last + idle;
+        if Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+}

@@ -1,0 +1,193 @@
+//! The node server's TLS: its serving certificate and which client certificates it accepts.
+//!
+//! The serving certificate comes from `APISERVER_CERT_LOCATION`/`APISERVER_KEY_LOCATION` and is
+//! re-read when the files change (cert-manager rotates them in place), checked on each
+//! handshake so a new certificate is served on the very next connection. Without files, a
+//! self-signed certificate is made at start for `LEAF_NODE_IP` and the pod's DNS names; the
+//! root apiserver only verifies kubelet certificates when `--kubelet-certificate-authority` is
+//! set, so this works out of the box, but a warning says so.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+
+use crate::config::{Config, ServingCert};
+
+/// Errors setting up TLS. Paths are named; key material never is.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("{0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("generating a self-signed certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("client CA: {0}")]
+    ClientCa(String),
+}
+
+/// The crypto provider used everywhere (ring: no C toolchain beyond cc, no OpenSSL).
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Builds the node server's TLS settings. With `client_roots`, client certificates are verified
+/// against them when offered (callers without one may still use a bearer token).
+pub fn server_config(
+    config: &Config,
+    client_roots: Option<RootCertStore>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let resolver: Arc<dyn ResolvesServerCert> = match &config.serving_cert {
+        ServingCert::Files { cert, key } => Arc::new(FileCert::load(cert.clone(), key.clone())?),
+        ServingCert::SelfSigned => {
+            tracing::warn!(
+                ip = %config.leaf_node_ip,
+                "no APISERVER_CERT_LOCATION/APISERVER_KEY_LOCATION: serving a self-signed certificate; \
+                 root apiservers that verify kubelet certificates will refuse it"
+            );
+            Arc::new(rustls::sign::SingleCertAndKey::from(self_signed(config)?))
+        }
+    };
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?;
+    let builder = match client_roots {
+        Some(roots) => builder.with_client_cert_verifier(
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::ClientCa(e.to_string()))?,
+        ),
+        None => builder.with_no_client_auth(),
+    };
+    let mut tls = builder.with_cert_resolver(resolver);
+    // Every kubelet streaming protocol is an HTTP/1.1 upgrade.
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(tls))
+}
+
+/// Reads a PEM CA bundle into a root store.
+pub fn read_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let pem = std::fs::read(path).map_err(|e| TlsError::Read {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    roots_from_pem(&pem).map_err(|message| TlsError::Read {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+/// Parses a PEM CA bundle.
+pub fn roots_from_pem(pem: &[u8]) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| format!("bad PEM: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("bad CA certificate: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("no CA certificate in the bundle".to_string());
+    }
+    Ok(roots)
+}
+
+fn self_signed(config: &Config) -> Result<CertifiedKey, TlsError> {
+    let ip = config.leaf_node_ip.to_string();
+    let mut names = vec![ip.clone()];
+    if let Some(ns) = &config.pod_namespace {
+        // Pod DNS names (`a-b-c-d.<namespace>.pod[.cluster.local]`).
+        let dashed = ip.replace(['.', ':'], "-");
+        names.push(format!("{dashed}.{ns}.pod"));
+        names.push(format!("{dashed}.{ns}.pod.cluster.local"));
+    }
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(names)?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("relaylet@{ip}"));
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.self_signed(&key)?;
+    let key_der = PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| TlsError::Read {
+        path: PathBuf::from("<generated key>"),
+        message: e.to_string(),
+    })?;
+    Ok(CertifiedKey::from_der(
+        vec![cert.der().clone()],
+        key_der,
+        &provider(),
+    )?)
+}
+
+/// A certificate read from files and re-read when they change.
+#[derive(Debug)]
+struct FileCert {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    current: Mutex<(Stamp, Arc<CertifiedKey>)>,
+}
+
+/// What tells us a file changed: modification time and length of both files.
+type Stamp = Option<(SystemTime, u64, SystemTime, u64)>;
+
+impl FileCert {
+    fn load(cert_path: PathBuf, key_path: PathBuf) -> Result<FileCert, TlsError> {
+        let stamp = stamp(&cert_path, &key_path);
+        let key = read_certified_key(&cert_path, &key_path)?;
+        Ok(FileCert {
+            cert_path,
+            key_path,
+            current: Mutex::new((stamp, Arc::new(key))),
+        })
+    }
+}
+
+fn stamp(cert: &Path, key: &Path) -> Stamp {
+    let c = std::fs::metadata(cert).ok()?;
+    let k = std::fs::metadata(key).ok()?;
+    Some((c.modified().ok()?, c.len(), k.modified().ok()?, k.len()))
+}
+
+fn read_certified_key(cert_path: &Path, key_path: &Path) -> Result<CertifiedKey, TlsError> {
+    let read_err = |path: &Path, message: String| TlsError::Read {
+        path: path.to_path_buf(),
+        message,
+    };
+    let certs = CertificateDer::pem_file_iter(cert_path)
+        .map_err(|e| read_err(cert_path, e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| read_err(cert_path, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(read_err(cert_path, "no certificate in the file".into()));
+    }
+    let key =
+        PrivateKeyDer::from_pem_file(key_path).map_err(|e| read_err(key_path, e.to_string()))?;
+    Ok(CertifiedKey::from_der(certs, key, &provider())?)
+}
+
+impl ResolvesServerCert for FileCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let now = stamp(&self.cert_path, &self.key_path);
+        if now.is_some() && now != current.0 {
+            match read_certified_key(&self.cert_path, &self.key_path) {
+                Ok(key) => {
+                    tracing::info!(cert = %self.cert_path.display(), "serving certificate reloaded");
+                    *current = (now, Arc::new(key));
+                }
+                // Mid-rotation the two files may not match yet: keep serving the old pair.
+                Err(err) => {
+                    tracing::warn!(%err, "serving certificate changed but cannot be loaded; keeping the old one")
+                }
+            }
+        }
+        Some(current.1.clone())
+    }
+}
