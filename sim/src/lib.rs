@@ -13,3 +13,4 @@ pub mod serve;
 pub mod spdy;
 pub mod status;
 pub mod tls;
+pub mod tools;
