@@ -1,68 +1,280 @@
 //! Who is calling the kubelet API, and may they?
 //!
 //! The kubelet port of a virtual node opens exec into every pod of a leaf cluster with
-//! relaylet's leaf credentials, so it is at least as closed as a real kubelet's. With
-//! `AUTH_MODE=x509` a caller must present a client certificate that chains to the root
-//! cluster's client CA (checked during the TLS handshake); the certificate's CN is the user and
-//! its O values the groups, as in kube-apiserver. `AUTH_MODE=none` lets anyone in and says so
-//! loudly on every request.
+//! relaylet's leaf credentials, so it is at least as closed as a real kubelet's:
+//! - `AUTH_MODE=webhook` (default): a client certificate that chains to the root cluster's client
+//!   CA (checked in the TLS handshake; CN = user, O = groups, as kube-apiserver reads them), or a
+//!   bearer token checked with a TokenReview; then every request is authorized with a
+//!   SubjectAccessReview like the kubelet's (`nodes/proxy` on the pod's virtual node), except that
+//!   exec, attach and portForward always need verb `create`: a WebSocket exec is a GET, and
+//!   `get nodes/proxy` must not be enough to run commands.
+//! - `AUTH_MODE=x509`: verified client certificates only, no authorization calls.
+//! - `AUTH_MODE=none`: anyone; for local sandboxes only, and said loudly.
+//!
+//! Decisions are cached like the kubelet's webhook caches (tokens 2 min, allowed 5 min, denied
+//! 30 s). Tokens are never logged and never kept: cache keys are their SHA-256.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::PostParams;
+use kube::{Api, Client};
 use rustls::pki_types::CertificateDer;
 
 use crate::config::AuthMode;
+use crate::kubelet_request::Kind;
+
+const TOKEN_TTL: Duration = Duration::from_secs(120);
+const ALLOWED_TTL: Duration = Duration::from_secs(300);
+const DENIED_TTL: Duration = Duration::from_secs(30);
+/// Past this many entries a cache is cleared rather than grown: a bound against floods of
+/// distinct tokens.
+const CACHE_LIMIT: usize = 10_000;
 
 /// A caller the node server has identified.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Caller {
     pub user: String,
+    pub uid: Option<String>,
     pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
-/// Why a caller was turned away (401).
+impl Caller {
+    fn named(user: &str, groups: &[&str]) -> Caller {
+        Caller {
+            user: user.to_string(),
+            uid: None,
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+/// Why a caller was turned away.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
-    #[error(
-        "no client certificate: the kubelet API of a relaylet virtual node needs a client certificate signed by the root cluster's client CA"
-    )]
-    NoCredentials,
+    /// 401.
+    #[error("no credentials: present a client certificate signed by the root cluster's client CA{}", if *.0 { " or a bearer token" } else { "" })]
+    NoCredentials(bool),
+    /// 401.
     #[error("client certificate has no usable subject: {0}")]
     BadCertificate(String),
-    #[error("AUTH_MODE={0} is not available in this build")]
-    Unsupported(&'static str),
+    /// 401.
+    #[error("the bearer token was not accepted by the root cluster (TokenReview)")]
+    BadToken,
+    /// 403.
+    #[error("user {user:?} cannot {verb} resource \"nodes/{subresource}\" of node {node:?}")]
+    Forbidden {
+        user: String,
+        verb: String,
+        subresource: String,
+        node: String,
+    },
+    /// 503: the root cluster could not answer a review.
+    #[error("cannot check access with the root cluster: {0}")]
+    Unavailable(String),
 }
 
-/// Identifies callers according to the configured mode.
-#[derive(Debug, Clone)]
+impl AuthError {
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            AuthError::Forbidden { .. } => http::StatusCode::FORBIDDEN,
+            AuthError::Unavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
+            _ => http::StatusCode::UNAUTHORIZED,
+        }
+    }
+}
+
+/// What a caller asks to do, in kubelet authorization terms.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Access {
+    pub verb: String,
+    pub subresource: String,
+    pub node: String,
+}
+
+impl Access {
+    /// The access a kubelet call needs: `nodes/proxy` on `node`; verb from the method like the
+    /// kubelet, except that the streaming calls always need `create`.
+    pub fn for_call(kind: Kind, method: &http::Method, node: &str) -> Access {
+        let verb = if kind.is_streaming() {
+            "create"
+        } else {
+            match *method {
+                http::Method::POST => "create",
+                http::Method::PUT => "update",
+                http::Method::PATCH => "patch",
+                http::Method::DELETE => "delete",
+                _ => "get",
+            }
+        };
+        Access {
+            verb: verb.to_string(),
+            subresource: "proxy".to_string(),
+            node: node.to_string(),
+        }
+    }
+}
+
+/// Identifies and authorizes callers according to the configured mode.
 pub struct Authenticator {
     mode: AuthMode,
+    root: Option<Client>,
+    tokens: Cache<[u8; 32], Option<Caller>>,
+    decisions: Cache<(Caller, Access), bool>,
 }
 
 impl Authenticator {
-    pub fn new(mode: AuthMode) -> Authenticator {
-        Authenticator { mode }
+    /// `root` is needed for `webhook` mode (reviews go to the root apiserver).
+    pub fn new(mode: AuthMode, root: Option<Client>) -> Authenticator {
+        Authenticator {
+            mode,
+            root,
+            tokens: Cache::default(),
+            decisions: Cache::default(),
+        }
     }
 
     pub fn mode(&self) -> AuthMode {
         self.mode
     }
 
-    /// Identifies a caller from the client certificate it presented (already verified against
-    /// the client CA by the TLS layer).
-    pub fn authenticate(&self, cert: Option<&CertificateDer<'_>>) -> Result<Caller, AuthError> {
+    /// Identifies a caller from its verified client certificate or its bearer token.
+    pub async fn authenticate(
+        &self,
+        cert: Option<&CertificateDer<'_>>,
+        headers: &http::HeaderMap,
+    ) -> Result<Caller, AuthError> {
+        if let Some(cert) = cert {
+            return caller_from_cert(cert);
+        }
         match self.mode {
-            AuthMode::None => Ok(match cert {
-                Some(cert) => caller_from_cert(cert)?,
-                None => Caller {
-                    user: "system:anonymous".to_string(),
-                    groups: vec!["system:unauthenticated".to_string()],
-                },
-            }),
-            AuthMode::X509 => cert
-                .map(caller_from_cert)
-                .unwrap_or(Err(AuthError::NoCredentials)),
-            AuthMode::Webhook => Err(AuthError::Unsupported("webhook")),
+            AuthMode::None => Ok(Caller::named(
+                "system:anonymous",
+                &["system:unauthenticated"],
+            )),
+            AuthMode::X509 => Err(AuthError::NoCredentials(false)),
+            AuthMode::Webhook => match bearer_token(headers) {
+                Some(token) => self.review_token(token).await,
+                None => Err(AuthError::NoCredentials(true)),
+            },
         }
     }
+
+    /// Checks that `caller` may do `access`.
+    pub async fn authorize(&self, caller: &Caller, access: &Access) -> Result<(), AuthError> {
+        if self.mode != AuthMode::Webhook {
+            return Ok(());
+        }
+        let key = (caller.clone(), access.clone());
+        let allowed = match self.decisions.get(&key) {
+            Some(allowed) => allowed,
+            None => {
+                let allowed = self.review_access(caller, access).await?;
+                let ttl = if allowed { ALLOWED_TTL } else { DENIED_TTL };
+                self.decisions.put(key, allowed, ttl);
+                allowed
+            }
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(AuthError::Forbidden {
+                user: caller.user.clone(),
+                verb: access.verb.clone(),
+                subresource: access.subresource.clone(),
+                node: access.node.clone(),
+            })
+        }
+    }
+
+    fn root(&self) -> Result<Client, AuthError> {
+        self.root
+            .clone()
+            .ok_or_else(|| AuthError::Unavailable("no root cluster client".to_string()))
+    }
+
+    async fn review_token(&self, token: &str) -> Result<Caller, AuthError> {
+        let key: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
+            .as_ref()
+            .try_into()
+            .map_err(|_| AuthError::Unavailable("hashing the token".to_string()))?;
+        let known = match self.tokens.get(&key) {
+            Some(known) => known,
+            None => {
+                let review = TokenReview {
+                    spec: TokenReviewSpec {
+                        token: Some(token.to_string()),
+                        audiences: None,
+                    },
+                    ..Default::default()
+                };
+                let api: Api<TokenReview> = Api::all(self.root()?);
+                let answer = api
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|e| AuthError::Unavailable(format!("TokenReview: {e}")))?;
+                let caller = answer
+                    .status
+                    .filter(|s| s.authenticated == Some(true))
+                    .and_then(|s| s.user)
+                    .and_then(|u| {
+                        Some(Caller {
+                            user: u.username.filter(|n| !n.is_empty())?,
+                            uid: u.uid,
+                            groups: u.groups.unwrap_or_default(),
+                            extra: u.extra.unwrap_or_default(),
+                        })
+                    });
+                self.tokens.put(key, caller.clone(), TOKEN_TTL);
+                caller
+            }
+        };
+        known.ok_or(AuthError::BadToken)
+    }
+
+    async fn review_access(&self, caller: &Caller, access: &Access) -> Result<bool, AuthError> {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(caller.user.clone()),
+                uid: caller.uid.clone(),
+                groups: Some(caller.groups.clone()),
+                extra: (!caller.extra.is_empty()).then(|| caller.extra.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(access.verb.clone()),
+                    version: Some("v1".to_string()),
+                    resource: Some("nodes".to_string()),
+                    subresource: Some(access.subresource.clone()),
+                    name: Some(access.node.clone()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.root()?);
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| AuthError::Unavailable(format!("SubjectAccessReview: {e}")))?;
+        Ok(answer
+            .status
+            .is_some_and(|s| s.allowed && s.denied != Some(true)))
+    }
+}
+
+fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// Reads user (CN) and groups (O) from a client certificate.
@@ -81,5 +293,114 @@ pub fn caller_from_cert(der: &CertificateDer<'_>) -> Result<Caller, AuthError> {
         .iter_organization()
         .filter_map(|o| o.as_str().ok().map(str::to_string))
         .collect();
-    Ok(Caller { user, groups })
+    Ok(Caller {
+        user,
+        uid: None,
+        groups,
+        extra: BTreeMap::new(),
+    })
+}
+
+/// A small expiring map, bounded in size.
+struct Cache<K, V> {
+    entries: Mutex<HashMap<K, (V, Instant)>>,
+}
+
+impl<K, V> Default for Cache<K, V> {
+    fn default() -> Self {
+        Cache {
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
+    fn get(&self, key: &K) -> Option<V> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(key)
+            .filter(|(_, expires)| *expires > Instant::now())
+            .map(|(v, _)| v.clone())
+    }
+
+    fn put(&self, key: K, value: V, ttl: Duration) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= CACHE_LIMIT {
+            let now = Instant::now();
+            entries.retain(|_, (_, expires)| *expires > now);
+            if entries.len() >= CACHE_LIMIT {
+                entries.clear();
+            }
+        }
+        entries.insert(key, (value, Instant::now() + ttl));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_calls_always_need_create() {
+        for kind in [Kind::Exec, Kind::Attach, Kind::PortForward] {
+            let access = Access::for_call(kind, &http::Method::GET, "relaylet-leaf-1");
+            assert_eq!(access.verb, "create", "{kind}");
+            assert_eq!(access.subresource, "proxy");
+            assert_eq!(access.node, "relaylet-leaf-1");
+        }
+        assert_eq!(
+            Access::for_call(Kind::ContainerLogs, &http::Method::GET, "n").verb,
+            "get"
+        );
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_case_insensitively() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            "bearer abc.def".parse().unwrap(),
+        );
+        assert_eq!(bearer_token(&headers), Some("abc.def"));
+        headers.insert(
+            http::header::AUTHORIZATION,
+            "Basic Zm9vOmJhcg==".parse().unwrap(),
+        );
+        assert_eq!(bearer_token(&headers), None);
+        headers.insert(http::header::AUTHORIZATION, "Bearer ".parse().unwrap());
+        assert_eq!(bearer_token(&headers), None);
+    }
+
+    #[tokio::test]
+    async fn modes_without_credentials() {
+        let headers = http::HeaderMap::new();
+        let none = Authenticator::new(AuthMode::None, None);
+        assert_eq!(
+            none.authenticate(None, &headers).await.unwrap().user,
+            "system:anonymous"
+        );
+        let x509 = Authenticator::new(AuthMode::X509, None);
+        assert_eq!(
+            x509.authenticate(None, &headers).await,
+            Err(AuthError::NoCredentials(false))
+        );
+        let webhook = Authenticator::new(AuthMode::Webhook, None);
+        assert_eq!(
+            webhook.authenticate(None, &headers).await,
+            Err(AuthError::NoCredentials(true))
+        );
+    }
+
+    #[test]
+    fn cache_expires_and_stays_bounded() {
+        let cache: Cache<u32, bool> = Cache::default();
+        cache.put(1, true, Duration::from_secs(60));
+        cache.put(2, false, Duration::ZERO);
+        assert_eq!(cache.get(&1), Some(true));
+        assert_eq!(cache.get(&2), None);
+        for i in 0..(CACHE_LIMIT as u32 + 10) {
+            cache.put(i, true, Duration::from_secs(60));
+        }
+        assert!(cache.entries.lock().unwrap().len() <= CACHE_LIMIT);
+    }
 }

@@ -78,7 +78,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         );
     }
     let server = Arc::new(node_server::NodeServer {
-        auth: auth::Authenticator::new(config.auth_mode),
+        auth: auth::Authenticator::new(config.auth_mode, Some(root.clone())),
         registry: registry.clone(),
         pods,
         relay: relay::Relay {

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use crate::auth::Authenticator;
+use crate::auth::{Access, Authenticator};
 use crate::kubelet_request::{KubeletRequest, RequestError};
 use crate::leaf::Registry;
 use crate::pod_index::{PodIndex, RouteError};
@@ -148,9 +148,13 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
         .get::<PeerCert>()
         .cloned()
         .unwrap_or_default();
-    let caller = match server.auth.authenticate(cert.0.as_deref()) {
+    let caller = match server
+        .auth
+        .authenticate(cert.0.as_deref(), req.headers())
+        .await
+    {
         Ok(caller) => caller,
-        Err(err) => return status::response(StatusCode::UNAUTHORIZED, err.to_string()),
+        Err(err) => return status::response(err.status(), err.to_string()),
     };
     if server.auth.mode() == crate::config::AuthMode::None {
         tracing::warn!(user = %caller.user, path = %req.uri().path(), "AUTH_MODE=none: serving an unauthenticated caller");
@@ -193,6 +197,11 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
             ),
         );
     };
+    let access = Access::for_call(kreq.kind, req.method(), &route.node_name);
+    if let Err(err) = server.auth.authorize(&caller, &access).await {
+        tracing::info!(user = %caller.user, verb = %access.verb, node = %access.node, "access denied");
+        return status::response(err.status(), err.to_string());
+    }
     let span = tracing::info_span!(
         "kubelet_call",
         kind = %kreq.kind,
