@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, Taint};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -35,6 +35,10 @@ pub struct Leaf {
     pub client: Client,
     /// For relayed exec/attach/port-forward/logs: no timeouts, no retries.
     pub stream_client: Client,
+    /// Extra labels for the virtual Node (Secret annotation `relaylet.io/node-labels`).
+    pub node_labels: BTreeMap<String, String>,
+    /// Taints replacing the default one (Secret annotation `relaylet.io/node-taints`).
+    pub node_taints: Option<Vec<Taint>>,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -94,6 +98,8 @@ impl Leaf {
             node_name: node_name.to_string(),
             client: Client::try_from(config).map_err(client_err)?,
             stream_client: Client::try_from(stream_config).map_err(client_err)?,
+            node_labels: BTreeMap::new(),
+            node_taints: None,
         })
     }
 }
@@ -102,17 +108,25 @@ impl Leaf {
 #[derive(Clone)]
 pub struct Registry {
     leaves: watch::Sender<BTreeMap<String, Arc<Leaf>>>,
+    /// Set once the leaf Secrets have been listed: only then is a missing leaf really gone.
+    synced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for Registry {
     fn default() -> Self {
         Registry {
             leaves: watch::Sender::new(BTreeMap::new()),
+            synced: Arc::default(),
         }
     }
 }
 
 impl Registry {
+    /// Whether the leaf Secrets have been listed at least once.
+    pub fn synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The leaf behind virtual node `node_name`.
     pub fn by_node(&self, node_name: &str) -> Option<Arc<Leaf>> {
         self.leaves.borrow().get(node_name).cloned()
@@ -205,6 +219,9 @@ pub async fn watch_secrets(
             Ok(watcher::Event::InitDone) => {
                 relisted.extend(static_name.clone());
                 registry.retain_names(&relisted);
+                registry
+                    .synced
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
             Ok(watcher::Event::Apply(secret)) => {
                 apply_secret(&secret, &label, &config, &registry).await;
@@ -273,5 +290,11 @@ async fn leaf_from_secret(
         .ok_or_else(|| bad(format!("no {KUBECONFIG_KEY:?} key")))?;
     let yaml = std::str::from_utf8(&data.0)
         .map_err(|_| bad(format!("{KUBECONFIG_KEY:?} is not UTF-8")))?;
-    Leaf::from_kubeconfig(&name, &node_name, yaml).await
+    let overrides =
+        crate::virtual_node::overrides(&secret.metadata.annotations.clone().unwrap_or_default())
+            .map_err(bad)?;
+    let mut leaf = Leaf::from_kubeconfig(&name, &node_name, yaml).await?;
+    leaf.node_labels = overrides.labels;
+    leaf.node_taints = overrides.taints;
+    Ok(leaf)
 }

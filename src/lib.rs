@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod config;
 pub mod kubelet_request;
+pub mod leader;
 pub mod leaf;
 pub mod node_server;
 pub mod pod_index;
@@ -18,6 +19,7 @@ pub mod splice;
 pub mod status;
 pub mod telemetry;
 pub mod tls;
+pub mod virtual_node;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,11 +32,15 @@ use crate::config::{AuthMode, Config};
 use crate::leaf::Registry;
 use crate::shutdown::Shutdown;
 
+/// The Lease replicas elect their leader on, in relaylet's own namespace.
+pub const LEADER_LEASE: &str = "relaylet-leader";
+
 /// A started relaylet.
 pub struct Running {
     /// Where the node server listens.
     pub addr: SocketAddr,
     pub registry: Registry,
+    pub leadership: leader::Leadership,
     /// Ends when the node server has stopped accepting.
     pub server: tokio::task::JoinHandle<()>,
 }
@@ -61,6 +67,34 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     );
     let pods = pod_index::PodIndex::new(root.clone(), registry.clone());
     spawn_until(&shutdown, pods.clone().run());
+
+    let leadership = if config.leader_elect {
+        let namespace = config
+            .pod_namespace
+            .clone()
+            .unwrap_or_else(|| root.default_namespace().to_string());
+        let identity = config
+            .pod_name
+            .clone()
+            .unwrap_or_else(|| format!("relaylet-{}", config.leaf_node_ip));
+        leader::elect(
+            root.clone(),
+            &namespace,
+            LEADER_LEASE,
+            identity,
+            shutdown.begin.clone(),
+        )
+    } else {
+        leader::Leadership::always()
+    };
+    let controller = Arc::new(virtual_node::Controller {
+        config: config.clone(),
+        root: root.clone(),
+        registry: registry.clone(),
+        pods: pods.clone(),
+        leadership: leadership.clone(),
+    });
+    spawn_until(&shutdown, controller.run());
 
     let client_roots = match config.auth_mode {
         AuthMode::None => None,
@@ -97,6 +131,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     Ok(Running {
         addr,
         registry,
+        leadership,
         server,
     })
 }

@@ -109,6 +109,15 @@ impl PodIndex {
         })
     }
 
+    /// The leaf pods (leaf namespace, leaf name) that stand for root pods on virtual node `node`.
+    pub fn leaf_pods_on(&self, node: &str) -> HashSet<(String, String)> {
+        read(&self.routes)
+            .values()
+            .filter(|r| r.node_name == node)
+            .map(|r| (r.leaf_namespace.clone(), r.leaf_pod.clone()))
+            .collect()
+    }
+
     /// Keeps one pod watch per virtual node, following the registry, until dropped.
     pub async fn run(self) {
         let mut leaves = self.registry.subscribe();

@@ -1,0 +1,609 @@
+//! What a leaf's virtual Node should say: addresses, capacity, conditions, node info, labels
+//! and taints. Pure functions of the leaf's state, so every rule is unit-tested.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSystemInfo, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::quantity::Milli;
+use crate::config::ADDRESS_TYPES;
+
+/// The taint every virtual node carries unless its leaf Secret says otherwise: only pods that
+/// tolerate it (the multi-cluster scheduler's) land there.
+pub fn default_taint() -> Taint {
+    Taint {
+        key: "virtual-kubelet.io/provider".to_string(),
+        value: Some("relaylet".to_string()),
+        effect: "NoSchedule".to_string(),
+        time_added: None,
+    }
+}
+
+/// The Node addresses: relaylet's own first (the one the root apiserver must dial), then the
+/// leaf nodes' InternalIPs of the root's IP family, then of the other family, then the leaf's
+/// other addresses, without duplicates.
+///
+/// Leaf addresses of a type that kube-apiserver's default preference order puts *before* the
+/// preferred type are left out: under that order they would win over relaylet's address and
+/// the root apiserver would dial a leaf node directly.
+pub fn addresses(preferred_type: &str, own_ip: IpAddr, leaf_nodes: &[Node]) -> Vec<NodeAddress> {
+    let mut out = vec![NodeAddress {
+        type_: preferred_type.to_string(),
+        address: own_ip.to_string(),
+    }];
+    let preferred_rank = ADDRESS_TYPES
+        .iter()
+        .position(|t| *t == preferred_type)
+        .unwrap_or(0);
+    let hijacks = |t: &str| {
+        ADDRESS_TYPES
+            .iter()
+            .position(|known| *known == t)
+            .is_some_and(|rank| rank < preferred_rank)
+    };
+    let leaf_addresses: Vec<&NodeAddress> = leaf_nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.addresses.as_ref())
+        .flatten()
+        .collect();
+    let same_family = |a: &NodeAddress| {
+        a.address
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_ipv4() == own_ip.is_ipv4())
+    };
+    let internal = |a: &&NodeAddress| a.type_ == "InternalIP";
+    let ordered = leaf_addresses
+        .iter()
+        .filter(|a| internal(a) && same_family(a))
+        .chain(
+            leaf_addresses
+                .iter()
+                .filter(|a| internal(a) && !same_family(a)),
+        )
+        .chain(leaf_addresses.iter().filter(|a| !internal(a)));
+    for addr in ordered {
+        if hijacks(&addr.type_) {
+            continue;
+        }
+        if !out
+            .iter()
+            .any(|o| o.type_ == addr.type_ && o.address == addr.address)
+        {
+            out.push((*addr).clone());
+        }
+    }
+    out
+}
+
+/// Whether a leaf node can take pods: Ready and not cordoned.
+pub fn schedulable_and_ready(node: &Node) -> bool {
+    let unschedulable = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    !unschedulable && is_ready(node)
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Capacity for the virtual node: the summed allocatable of the leaf's Ready, schedulable nodes,
+/// minus what the leaf's own running workloads request. Leaf pods that stand for root pods on
+/// this virtual node (`own_pods`, leaf namespace/name) are not subtracted: the root scheduler
+/// already counts them against this node.
+pub fn capacity(
+    leaf_nodes: &[Node],
+    leaf_pods: &[Pod],
+    own_pods: &HashSet<(String, String)>,
+) -> BTreeMap<String, Quantity> {
+    let usable: HashSet<&str> = leaf_nodes
+        .iter()
+        .filter(|n| schedulable_and_ready(n))
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    let mut total: BTreeMap<String, Milli> = BTreeMap::new();
+    for node in leaf_nodes.iter().filter(|n| schedulable_and_ready(n)) {
+        let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+        for (resource, quantity) in allocatable.into_iter().flatten() {
+            if let Ok(value) = Milli::parse(&quantity.0) {
+                *total.entry(resource.clone()).or_default() += value;
+            }
+        }
+    }
+    for pod in leaf_pods {
+        let on_usable_node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| usable.contains(n));
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        if !on_usable_node || !is_active(pod) || own_pods.contains(&key) {
+            continue;
+        }
+        for (resource, request) in pod_requests(pod) {
+            if let Some(slot) = total.get_mut(&resource) {
+                *slot = slot.saturating_sub(request);
+            }
+        }
+        if let Some(slot) = total.get_mut("pods") {
+            *slot = slot.saturating_sub(Milli(1000));
+        }
+    }
+    total
+        .into_iter()
+        .map(|(k, v)| (k, Quantity(v.to_string())))
+        .collect()
+}
+
+/// Pods that hold resources: not yet finished.
+fn is_active(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// A pod's effective requests as the scheduler counts them: the larger of the sum over its
+/// containers and the largest init container, plus pod overhead.
+pub fn pod_requests(pod: &Pod) -> BTreeMap<String, Milli> {
+    let mut sum: BTreeMap<String, Milli> = BTreeMap::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return sum;
+    };
+    let requests_of = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.clone())
+            .unwrap_or_default()
+    };
+    for container in &spec.containers {
+        for (resource, q) in requests_of(container) {
+            if let Ok(v) = Milli::parse(&q.0) {
+                *sum.entry(resource).or_default() += v;
+            }
+        }
+    }
+    for init in spec.init_containers.iter().flatten() {
+        for (resource, q) in requests_of(init) {
+            if let Ok(v) = Milli::parse(&q.0) {
+                let slot = sum.entry(resource).or_default();
+                if v > *slot {
+                    *slot = v;
+                }
+            }
+        }
+    }
+    for (resource, q) in spec.overhead.iter().flatten() {
+        if let Ok(v) = Milli::parse(&q.0) {
+            *sum.entry(resource.clone()).or_default() += v;
+        }
+    }
+    sum
+}
+
+/// What relaylet knows about a leaf's health right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// `/readyz` answered ok and at least one node is Ready.
+    Ready { ready_nodes: usize },
+    /// The leaf apiserver could not be reached or is not ready.
+    Unreachable(String),
+    /// The apiserver is fine but no node is Ready and schedulable.
+    NoReadyNode,
+}
+
+/// The Node conditions for `health`, keeping transition times of conditions that did not
+/// change so `kubectl describe node` shows honest history.
+pub fn conditions(health: &Health, now: &Time, previous: &[NodeCondition]) -> Vec<NodeCondition> {
+    let (ready, reason, message) = match health {
+        Health::Ready { ready_nodes } => (
+            "True",
+            "LeafReady",
+            format!("leaf cluster is reachable and has {ready_nodes} ready node(s)"),
+        ),
+        Health::Unreachable(why) => (
+            "False",
+            "LeafUnreachable",
+            format!("leaf cluster apiserver is not reachable or not ready: {why}"),
+        ),
+        Health::NoReadyNode => (
+            "False",
+            "LeafNoReadyNode",
+            "leaf cluster has no Ready, schedulable node".to_string(),
+        ),
+    };
+    let mut out = vec![condition("Ready", ready, reason, &message, now, previous)];
+    for (type_, reason, message) in [
+        (
+            "MemoryPressure",
+            "LeafHasSufficientMemory",
+            "relaylet virtual node: memory pressure is the leaf's concern",
+        ),
+        (
+            "DiskPressure",
+            "LeafHasNoDiskPressure",
+            "relaylet virtual node: disk pressure is the leaf's concern",
+        ),
+        (
+            "PIDPressure",
+            "LeafHasSufficientPID",
+            "relaylet virtual node: PID pressure is the leaf's concern",
+        ),
+    ] {
+        out.push(condition(type_, "False", reason, message, now, previous));
+    }
+    out
+}
+
+fn condition(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    now: &Time,
+    previous: &[NodeCondition],
+) -> NodeCondition {
+    let transition = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    NodeCondition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(transition),
+    }
+}
+
+/// Node info: the leaf's Kubernetes version as the kubelet version, OS and architecture from
+/// its first node.
+pub fn node_info(leaf_version: Option<&str>, leaf_nodes: &[Node]) -> NodeSystemInfo {
+    let first = leaf_nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.node_info.as_ref())
+        .next();
+    let version = leaf_version.unwrap_or("").to_string();
+    NodeSystemInfo {
+        architecture: first
+            .map(|i| i.architecture.clone())
+            .unwrap_or_else(|| "amd64".into()),
+        operating_system: first
+            .map(|i| i.operating_system.clone())
+            .unwrap_or_else(|| "linux".into()),
+        kernel_version: first.map(|i| i.kernel_version.clone()).unwrap_or_default(),
+        os_image: first.map(|i| i.os_image.clone()).unwrap_or_default(),
+        container_runtime_version: first
+            .map(|i| i.container_runtime_version.clone())
+            .unwrap_or_default(),
+        kubelet_version: version.clone(),
+        kube_proxy_version: String::new(),
+        ..Default::default()
+    }
+}
+
+/// The labels relaylet puts on a virtual node, then the leaf Secret's extra labels.
+pub fn labels(
+    node_name: &str,
+    leaf_name: &str,
+    info: &NodeSystemInfo,
+    extra: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        ("type".to_string(), "virtual-kubelet".to_string()),
+        ("kubernetes.io/role".to_string(), "agent".to_string()),
+        (
+            "relaylet.io/leaf-cluster".to_string(),
+            leaf_name.to_string(),
+        ),
+        ("kubernetes.io/hostname".to_string(), node_name.to_string()),
+        (
+            "kubernetes.io/os".to_string(),
+            info.operating_system.clone(),
+        ),
+        ("kubernetes.io/arch".to_string(), info.architecture.clone()),
+    ]);
+    labels.extend(extra.clone());
+    labels
+}
+
+/// Parses taints in the kubelet's `--register-with-taints` form: `key[=value]:Effect`, comma
+/// separated.
+pub fn parse_taints(spec: &str) -> Result<Vec<Taint>, String> {
+    spec.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            let (kv, effect) = t
+                .rsplit_once(':')
+                .ok_or_else(|| format!("taint {t:?} has no :Effect"))?;
+            if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+                return Err(format!(
+                    "taint {t:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
+                ));
+            }
+            let (key, value) = match kv.split_once('=') {
+                Some((k, v)) => (k, Some(v.to_string())),
+                None => (kv, None),
+            };
+            if key.is_empty() {
+                return Err(format!("taint {t:?} has an empty key"));
+            }
+            Ok(Taint {
+                key: key.to_string(),
+                value,
+                effect: effect.to_string(),
+                time_added: None,
+            })
+        })
+        .collect()
+}
+
+/// Parses labels in the kubelet's `--node-labels` form: `key=value`, comma separated.
+pub fn parse_labels(spec: &str) -> Result<BTreeMap<String, String>, String> {
+    spec.split(',')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| format!("label {l:?} is not key=value"))?;
+            if k.is_empty() {
+                return Err(format!("label {l:?} has an empty key"));
+            }
+            Ok((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(json: serde_json::Value) -> Node {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn leaf_node(
+        name: &str,
+        addresses: serde_json::Value,
+        allocatable: serde_json::Value,
+        ready: bool,
+    ) -> Node {
+        node(json!({
+            "metadata": {"name": name},
+            "status": {
+                "addresses": addresses,
+                "allocatable": allocatable,
+                "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
+                "nodeInfo": {"architecture": "arm64", "operatingSystem": "linux", "kernelVersion": "6.1",
+                    "osImage": "Debian", "containerRuntimeVersion": "containerd://2.0", "kubeletVersion": "v1.33.1",
+                    "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}
+            }
+        }))
+    }
+
+    fn pairs(addrs: &[NodeAddress]) -> Vec<(String, String)> {
+        addrs
+            .iter()
+            .map(|a| (a.type_.clone(), a.address.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn own_address_first_then_same_family_internal_ips() {
+        let nodes = [
+            leaf_node(
+                "a",
+                json!([
+                    {"type": "InternalIP", "address": "fd00::1"},
+                    {"type": "InternalIP", "address": "10.0.0.1"},
+                    {"type": "Hostname", "address": "leaf-a"},
+                    {"type": "ExternalIP", "address": "203.0.113.5"}
+                ]),
+                json!({}),
+                true,
+            ),
+            leaf_node(
+                "b",
+                json!([
+                    {"type": "InternalIP", "address": "10.0.0.2"},
+                    {"type": "InternalIP", "address": "10.0.0.1"}
+                ]),
+                json!({}),
+                true,
+            ),
+        ];
+        let got = addresses("InternalDNS", "10.9.9.9".parse().unwrap(), &nodes);
+        assert_eq!(
+            pairs(&got),
+            [
+                ("InternalDNS", "10.9.9.9"),
+                ("InternalIP", "10.0.0.1"),
+                ("InternalIP", "10.0.0.2"),
+                ("InternalIP", "fd00::1"),
+                ("ExternalIP", "203.0.113.5"),
+            ]
+            .map(|(t, a)| (t.to_string(), a.to_string()))
+        );
+        // An IPv6 root orders IPv6 leaf addresses first.
+        let got = addresses("InternalIP", "fd00::99".parse().unwrap(), &nodes);
+        assert_eq!(got[0].address, "fd00::99");
+        assert_eq!(got[1].address, "fd00::1");
+        assert_eq!(got[2].address, "10.0.0.1");
+    }
+
+    #[test]
+    fn no_duplicate_pairs_and_no_hijacking_types() {
+        let nodes = [leaf_node(
+            "a",
+            json!([
+                {"type": "InternalIP", "address": "10.9.9.9"},
+                {"type": "InternalDNS", "address": "a.leaf.local"},
+                {"type": "Hostname", "address": "a"}
+            ]),
+            json!({}),
+            true,
+        )];
+        // Preferred InternalIP: our own InternalIP is first and the same pair from the leaf is
+        // not repeated; Hostname and InternalDNS would beat InternalIP in the default order.
+        let got = addresses("InternalIP", "10.9.9.9".parse().unwrap(), &nodes);
+        assert_eq!(
+            pairs(&got),
+            [("InternalIP".to_string(), "10.9.9.9".to_string())]
+        );
+        // Preferred Hostname: nothing outranks it, everything else is kept.
+        let got = addresses("Hostname", "10.9.9.9".parse().unwrap(), &nodes);
+        assert_eq!(got.len(), 4);
+        // A leaf without addresses still yields our own.
+        let bare = [node(json!({"metadata": {"name": "x"}}))];
+        assert_eq!(
+            addresses("InternalDNS", "10.1.1.1".parse().unwrap(), &bare).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn capacity_sums_ready_nodes_and_subtracts_leaf_local_pods() {
+        let nodes = [
+            leaf_node(
+                "a",
+                json!([]),
+                json!({"cpu": "4", "memory": "8Gi", "pods": "110"}),
+                true,
+            ),
+            leaf_node(
+                "b",
+                json!([]),
+                json!({"cpu": "3800m", "memory": "4Gi", "pods": "110"}),
+                true,
+            ),
+            leaf_node(
+                "c",
+                json!([]),
+                json!({"cpu": "64", "memory": "1Ti", "pods": "110"}),
+                false,
+            ),
+        ];
+        let pod = |ns: &str, name: &str, node: &str, cpu: &str, phase: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": ns, "name": name},
+                "spec": {"nodeName": node, "containers": [
+                    {"name": "c", "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}
+                ]},
+                "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        let pods = [
+            pod("kube-system", "local", "a", "500m", "Running"),
+            pod("default", "mirrored", "a", "1", "Running"),
+            pod("default", "done", "b", "2", "Succeeded"),
+            pod("default", "on-broken-node", "c", "2", "Running"),
+        ];
+        let own = HashSet::from([("default".to_string(), "mirrored".to_string())]);
+        let cap = capacity(&nodes, &pods, &own);
+        assert_eq!(cap["cpu"].0, "7300m");
+        assert_eq!(cap["memory"].0, (11u64 << 30).to_string());
+        assert_eq!(cap["pods"].0, "219");
+    }
+
+    #[test]
+    fn init_containers_and_overhead_count_like_the_scheduler() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "100m"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "200m"}}}
+                ],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}],
+                "overhead": {"cpu": "50m"}
+            }
+        }))
+        .unwrap();
+        let r = pod_requests(&pod);
+        assert_eq!(r["cpu"], Milli(1050));
+        assert_eq!(r["memory"], Milli::parse("64Mi").unwrap());
+    }
+
+    #[test]
+    fn conditions_keep_transition_time_while_unchanged() {
+        let t0 = Time("2026-11-21T10:00:00Z".parse().unwrap());
+        let t1 = Time("2026-11-21T10:01:00Z".parse().unwrap());
+        let first = conditions(&Health::Ready { ready_nodes: 2 }, &t0, &[]);
+        assert_eq!(first[0].status, "True");
+        let again = conditions(&Health::Ready { ready_nodes: 2 }, &t1, &first);
+        assert_eq!(again[0].last_transition_time, Some(t0.clone()));
+        assert_eq!(again[0].last_heartbeat_time, Some(t1.clone()));
+        let down = conditions(
+            &Health::Unreachable("connection refused".into()),
+            &t1,
+            &again,
+        );
+        assert_eq!(down[0].status, "False");
+        assert_eq!(down[0].reason.as_deref(), Some("LeafUnreachable"));
+        assert!(
+            down[0]
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("connection refused")
+        );
+        assert_eq!(down[0].last_transition_time, Some(t1));
+        assert!(down[1..].iter().all(|c| c.status == "False"));
+    }
+
+    #[test]
+    fn taint_and_label_overrides_parse_like_kubelet_flags() {
+        let t = parse_taints("dedicated=gpu:NoSchedule, spot:PreferNoSchedule").unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            (
+                t[0].key.as_str(),
+                t[0].value.as_deref(),
+                t[0].effect.as_str()
+            ),
+            ("dedicated", Some("gpu"), "NoSchedule")
+        );
+        assert_eq!(t[1].value, None);
+        assert!(parse_taints("x=y").is_err());
+        assert!(parse_taints("x=y:Sometimes").is_err());
+        assert_eq!(parse_taints("").unwrap(), vec![]);
+        let l = parse_labels("zone=a,tier=gold").unwrap();
+        assert_eq!(l["zone"], "a");
+        assert!(parse_labels("novalue").is_err());
+    }
+
+    #[test]
+    fn labels_and_info_come_from_the_leaf() {
+        let nodes = [leaf_node("a", json!([]), json!({}), true)];
+        let info = node_info(Some("v1.34.2"), &nodes);
+        assert_eq!(info.kubelet_version, "v1.34.2");
+        assert_eq!(info.architecture, "arm64");
+        let l = labels(
+            "relaylet-leaf-1",
+            "leaf-1",
+            &info,
+            &BTreeMap::from([("zone".into(), "a".into())]),
+        );
+        assert_eq!(l["type"], "virtual-kubelet");
+        assert_eq!(l["relaylet.io/leaf-cluster"], "leaf-1");
+        assert_eq!(l["kubernetes.io/arch"], "arm64");
+        assert_eq!(l["zone"], "a");
+    }
+}

@@ -1,0 +1,476 @@
+//! The virtual node controller: one live Node per leaf cluster in the root cluster.
+//!
+//! For every registered leaf it keeps a Node whose first address is relaylet's own (so the root
+//! apiserver sends kubelet calls here), whose kubelet port is `NODE_SERVER_PORT`, whose capacity
+//! the scheduler can trust, and whose Ready condition follows the leaf's health; plus a Lease in
+//! `kube-node-lease` renewed every 10 s so the root never marks the node NotReady (and evicts its
+//! pods) while relaylet is alive. Only the elected leader writes; a new leader rewrites the
+//! address with its own IP on its first round.
+
+pub mod desired;
+pub mod leaf_watch;
+pub mod quantity;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeDaemonEndpoints, NodeSpec, NodeStatus, Taint,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::config::Config;
+use crate::leader::Leadership;
+use crate::leaf::{Leaf, Registry};
+use crate::pod_index::PodIndex;
+use desired::Health;
+use leaf_watch::LeafWatch;
+
+/// How often each leaf's Node is recomputed (written only when it changed).
+const RECOMPUTE: Duration = Duration::from_secs(2);
+/// How often the leaf's health is probed.
+const PROBE_EVERY: Duration = Duration::from_secs(10);
+/// Node status is written at least this often, as a heartbeat, even when nothing changed.
+const STATUS_HEARTBEAT: Duration = Duration::from_secs(60);
+/// Node lease renewal period and duration (the kubelet's defaults).
+const LEASE_RENEW: Duration = Duration::from_secs(10);
+const NODE_LEASE_SECONDS: i32 = 40;
+/// The namespace of node leases.
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+/// Label marking Nodes relaylet owns, so it can tidy up after leaves that vanished while it was
+/// down.
+pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "relaylet");
+/// Field manager for relaylet's writes.
+const MANAGER: &str = "relaylet";
+
+/// Everything the per-leaf loops share.
+pub struct Controller {
+    pub config: Arc<Config>,
+    pub root: Client,
+    pub registry: Registry,
+    pub pods: PodIndex,
+    pub leadership: Leadership,
+}
+
+impl Controller {
+    /// Runs one loop per leaf, following the registry, until dropped.
+    pub async fn run(self: Arc<Self>) {
+        let mut leaves = self.registry.subscribe();
+        let mut loops: HashMap<String, (Arc<Leaf>, JoinHandle<()>)> = HashMap::new();
+        let mut gc = tokio::time::interval(Duration::from_secs(30));
+        loop {
+            let current = leaves.borrow_and_update().clone();
+            let gone: Vec<String> = loops
+                .iter()
+                .filter(|(node, (leaf, _))| {
+                    current.get(*node).is_none_or(|l| !Arc::ptr_eq(l, leaf))
+                })
+                .map(|(node, _)| node.clone())
+                .collect();
+            for node in gone {
+                if let Some((_, task)) = loops.remove(&node) {
+                    task.abort();
+                }
+                if !current.contains_key(&node) && self.leadership.is_leader() {
+                    self.delete_node(&node).await;
+                }
+            }
+            for (node, leaf) in current {
+                loops.entry(node).or_insert_with(|| {
+                    let span = tracing::info_span!("virtual_node", leaf = %leaf.name, node = %leaf.node_name);
+                    let task = tokio::spawn(self.clone().run_leaf(leaf.clone()).instrument(span));
+                    (leaf, task)
+                });
+            }
+            tokio::select! {
+                changed = leaves.changed() => if changed.is_err() { break },
+                _ = gc.tick() => self.collect_orphans().await,
+            }
+        }
+        for (_, (_, task)) in loops {
+            task.abort();
+        }
+    }
+
+    /// Deletes relaylet's Nodes whose leaf is no longer registered (Secret deleted while no
+    /// relaylet was running), once the registry has read the Secrets.
+    async fn collect_orphans(&self) {
+        if !self.leadership.is_leader() || !self.registry.synced() {
+            return;
+        }
+        let api: Api<Node> = Api::all(self.root.clone());
+        let selector = format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1);
+        let Ok(nodes) = api
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+        else {
+            return;
+        };
+        for node in nodes {
+            if let Some(name) = node.metadata.name
+                && self.registry.by_node(&name).is_none()
+            {
+                self.delete_node(&name).await;
+            }
+        }
+    }
+
+    async fn delete_node(&self, node: &str) {
+        let nodes: Api<Node> = Api::all(self.root.clone());
+        let leases: Api<Lease> = Api::namespaced(self.root.clone(), NODE_LEASE_NAMESPACE);
+        for result in [
+            nodes
+                .delete(node, &DeleteParams::default())
+                .await
+                .map(|_| ()),
+            leases
+                .delete(node, &DeleteParams::default())
+                .await
+                .map(|_| ()),
+        ] {
+            match result {
+                Ok(()) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(err) => tracing::warn!(%err, node, "deleting virtual node"),
+            }
+        }
+        tracing::info!(node, "virtual node removed");
+    }
+
+    /// Keeps one leaf's Node and Lease up to date.
+    async fn run_leaf(self: Arc<Self>, leaf: Arc<Leaf>) {
+        let watch = LeafWatch::start(&leaf.client);
+        let mut state = LeafLoop {
+            health: Health::Unreachable("not probed yet".to_string()),
+            probed_at: None,
+            version: None,
+            written: None,
+            lease_renewed: None,
+            node_uid: None,
+        };
+        let mut tick = tokio::time::interval(RECOMPUTE);
+        loop {
+            tick.tick().await;
+            if state.probed_at.is_none_or(|t| t.elapsed() >= PROBE_EVERY) {
+                state.health = leaf_watch::probe(&leaf.client, &watch).await;
+                if state.version.is_none() || matches!(state.health, Health::Ready { .. }) {
+                    state.version = leaf_watch::version(&leaf.client)
+                        .await
+                        .or(state.version.take());
+                }
+                state.probed_at = Some(Instant::now());
+            }
+            if !self.leadership.is_leader() {
+                // A future leader term starts from a fresh read of the Node.
+                state.written = None;
+                state.node_uid = None;
+                continue;
+            }
+            if let Err(err) = self.sync_leaf(&leaf, &watch, &mut state).await {
+                tracing::warn!(leaf = %leaf.name, node = %leaf.node_name, %err, "updating virtual node");
+                state.node_uid = None;
+            }
+        }
+    }
+
+    async fn sync_leaf(
+        &self,
+        leaf: &Leaf,
+        watch: &LeafWatch,
+        state: &mut LeafLoop,
+    ) -> Result<(), kube::Error> {
+        let nodes: Api<Node> = Api::all(self.root.clone());
+        let leaf_nodes = watch.node_list();
+        let own_pods = self.pods.leaf_pods_on(&leaf.node_name);
+        let now = Time(Timestamp::now());
+        let info = desired::node_info(state.version.as_deref(), &leaf_nodes);
+        let capacity = desired::capacity(&leaf_nodes, &watch.pod_list(), &own_pods);
+
+        let existing = match state.node_uid {
+            Some(_) => None,
+            None => Some(self.ensure_node(leaf, &info).await?),
+        };
+        if let Some(node) = &existing {
+            state.node_uid = node.metadata.uid.clone();
+            self.keep_labels_and_taints(leaf, node, &info).await?;
+        }
+        let previous_conditions = existing
+            .as_ref()
+            .and_then(|n| n.status.as_ref()?.conditions.clone())
+            .or_else(|| {
+                state
+                    .written
+                    .as_ref()
+                    .map(|(s, _)| s.conditions.clone().unwrap_or_default())
+            })
+            .unwrap_or_default();
+        let status = NodeStatus {
+            addresses: Some(desired::addresses(
+                &self.config.preferred_address_type,
+                self.config.leaf_node_ip,
+                &leaf_nodes,
+            )),
+            allocatable: Some(capacity.clone()),
+            capacity: Some(capacity),
+            conditions: Some(desired::conditions(
+                &state.health,
+                &now,
+                &previous_conditions,
+            )),
+            daemon_endpoints: Some(NodeDaemonEndpoints {
+                kubelet_endpoint: Some(DaemonEndpoint {
+                    port: i32::from(self.config.node_server_port),
+                }),
+            }),
+            node_info: Some(info),
+            ..Default::default()
+        };
+        let changed = state.written.as_ref().is_none_or(|(old, at)| {
+            !same_ignoring_heartbeats(old, &status) || at.elapsed() >= STATUS_HEARTBEAT
+        });
+        if changed {
+            // A merge patch replaces lists whole: the address list is written atomically, never
+            // merged entry by entry (which breaks dual-stack lists).
+            if !self.leadership.is_leader() {
+                return Ok(());
+            }
+            nodes
+                .patch_status(
+                    &leaf.node_name,
+                    &patch_params(),
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await?;
+            tracing::debug!(node = %leaf.node_name, "node status written");
+            state.written = Some((status, Instant::now()));
+        }
+        if state
+            .lease_renewed
+            .is_none_or(|t| t.elapsed() >= LEASE_RENEW)
+        {
+            if !self.leadership.is_leader() {
+                return Ok(());
+            }
+            self.renew_lease(&leaf.node_name, state.node_uid.as_deref())
+                .await?;
+            state.lease_renewed = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Gets the Node, creating it when missing.
+    async fn ensure_node(
+        &self,
+        leaf: &Leaf,
+        info: &k8s_openapi::api::core::v1::NodeSystemInfo,
+    ) -> Result<Node, kube::Error> {
+        let nodes: Api<Node> = Api::all(self.root.clone());
+        if let Some(node) = nodes.get_opt(&leaf.node_name).await? {
+            return Ok(node);
+        }
+        let mut labels = desired::labels(&leaf.node_name, &leaf.name, info, &leaf.node_labels);
+        labels.insert(
+            MANAGED_BY_LABEL.0.to_string(),
+            MANAGED_BY_LABEL.1.to_string(),
+        );
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(leaf.node_name.clone()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(self.taints_for(leaf)),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        tracing::info!(node = %leaf.node_name, leaf = %leaf.name, "creating virtual node");
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(node) => Ok(node),
+            // Another writer won the race: use its Node.
+            Err(kube::Error::Api(e)) if e.code == 409 => nodes.get(&leaf.node_name).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    fn taints_for(&self, leaf: &Leaf) -> Vec<Taint> {
+        leaf.node_taints
+            .clone()
+            .unwrap_or_else(|| vec![desired::default_taint()])
+    }
+
+    /// Puts relaylet's labels and taints on an existing Node without touching anyone else's
+    /// (the node lifecycle controller's `unreachable` taint, labels users added).
+    async fn keep_labels_and_taints(
+        &self,
+        leaf: &Leaf,
+        node: &Node,
+        info: &k8s_openapi::api::core::v1::NodeSystemInfo,
+    ) -> Result<(), kube::Error> {
+        let mut labels = desired::labels(&leaf.node_name, &leaf.name, info, &leaf.node_labels);
+        labels.insert(
+            MANAGED_BY_LABEL.0.to_string(),
+            MANAGED_BY_LABEL.1.to_string(),
+        );
+        let current_labels = node.metadata.labels.clone().unwrap_or_default();
+        let labels_ok = labels.iter().all(|(k, v)| current_labels.get(k) == Some(v));
+
+        let ours = self.taints_for(leaf);
+        let current_taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        let mut wanted: Vec<Taint> = current_taints
+            .iter()
+            .filter(|t| {
+                t.key != desired::default_taint().key && !ours.iter().any(|o| o.key == t.key)
+            })
+            .cloned()
+            .collect();
+        wanted.extend(ours);
+        let same_taints = |a: &[Taint], b: &[Taint]| {
+            let key = |t: &Taint| (t.key.clone(), t.value.clone(), t.effect.clone());
+            let mut a: Vec<_> = a.iter().map(key).collect();
+            let mut b: Vec<_> = b.iter().map(key).collect();
+            a.sort();
+            b.sort();
+            a == b
+        };
+        let taints_ok = same_taints(&wanted, &current_taints);
+        if labels_ok && taints_ok {
+            return Ok(());
+        }
+        let mut patch = json!({});
+        if !labels_ok {
+            patch["metadata"] = json!({ "labels": labels });
+        }
+        if !taints_ok {
+            patch["spec"] = json!({ "taints": wanted });
+        }
+        if !self.leadership.is_leader() {
+            return Ok(());
+        }
+        let nodes: Api<Node> = Api::all(self.root.clone());
+        nodes
+            .patch(&leaf.node_name, &patch_params(), &Patch::Merge(patch))
+            .await
+            .map(|_| ())
+    }
+
+    async fn renew_lease(&self, node: &str, node_uid: Option<&str>) -> Result<(), kube::Error> {
+        let leases: Api<Lease> = Api::namespaced(self.root.clone(), NODE_LEASE_NAMESPACE);
+        let now = MicroTime(Timestamp::now());
+        let spec = LeaseSpec {
+            holder_identity: Some(node.to_string()),
+            lease_duration_seconds: Some(NODE_LEASE_SECONDS),
+            renew_time: Some(now),
+            ..Default::default()
+        };
+        match leases
+            .patch(
+                node,
+                &patch_params(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                let owner = node_uid.map(|uid| OwnerReference {
+                    api_version: "v1".to_string(),
+                    kind: "Node".to_string(),
+                    name: node.to_string(),
+                    uid: uid.to_string(),
+                    ..Default::default()
+                });
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(node.to_string()),
+                        namespace: Some(NODE_LEASE_NAMESPACE.to_string()),
+                        owner_references: owner.map(|o| vec![o]),
+                        ..Default::default()
+                    },
+                    spec: Some(spec),
+                };
+                match leases.create(&PostParams::default(), &lease).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(MANAGER.to_string()),
+        ..Default::default()
+    }
+}
+
+/// Per-leaf loop memory.
+struct LeafLoop {
+    health: Health,
+    probed_at: Option<Instant>,
+    version: Option<String>,
+    /// The status last written and when.
+    written: Option<(NodeStatus, Instant)>,
+    lease_renewed: Option<Instant>,
+    node_uid: Option<String>,
+}
+
+/// Whether two statuses differ in anything but heartbeat times.
+fn same_ignoring_heartbeats(a: &NodeStatus, b: &NodeStatus) -> bool {
+    let strip = |s: &NodeStatus| {
+        let mut s = s.clone();
+        for c in s.conditions.iter_mut().flatten() {
+            c.last_heartbeat_time = None;
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+/// Extra labels and taints a leaf Secret's annotations ask for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    pub labels: BTreeMap<String, String>,
+    /// `None` keeps the default taint.
+    pub taints: Option<Vec<Taint>>,
+}
+
+/// Reads [`Overrides`] from a leaf Secret's annotations.
+pub fn overrides(annotations: &BTreeMap<String, String>) -> Result<Overrides, String> {
+    let labels = match annotations.get(NODE_LABELS_ANNOTATION) {
+        Some(spec) => {
+            desired::parse_labels(spec).map_err(|e| format!("{NODE_LABELS_ANNOTATION}: {e}"))?
+        }
+        None => BTreeMap::new(),
+    };
+    let taints = match annotations.get(NODE_TAINTS_ANNOTATION) {
+        Some(spec) => Some(
+            desired::parse_taints(spec).map_err(|e| format!("{NODE_TAINTS_ANNOTATION}: {e}"))?,
+        ),
+        None => None,
+    };
+    Ok(Overrides { labels, taints })
+}
+
+/// Annotation on a leaf Secret adding Node labels (`key=value,...`).
+pub const NODE_LABELS_ANNOTATION: &str = "relaylet.io/node-labels";
+/// Annotation on a leaf Secret replacing the default taint (`key[=value]:Effect,...`; empty for
+/// none).
+pub const NODE_TAINTS_ANNOTATION: &str = "relaylet.io/node-taints";
