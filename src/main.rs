@@ -5,10 +5,11 @@ use std::process::ExitCode;
 use relaylet::config::{Config, LogFormat};
 use relaylet::shutdown::Shutdown;
 
-const USAGE: &str = "usage: relaylet [serve | sandbox [--kubeconfig-out PATH]]
+const USAGE: &str = "usage: relaylet [serve | check-config | sandbox [--kubeconfig-out PATH]]
 
-  serve    (default) run as a virtual node's kubelet; configured by env vars (see README)
-  sandbox  start simulated root and leaf clusters with relaylet between them, for your kubectl";
+  serve         (default) run as a virtual node's kubelet; configured by env vars (see README)
+  check-config  validate the env vars and exit (0 when relaylet would start with them)
+  sandbox       start simulated root and leaf clusters with relaylet between them, for your kubectl";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -22,6 +23,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         None | Some("serve") => runtime.block_on(serve()),
         Some("sandbox") => runtime.block_on(sandbox(&args[1..])),
+        Some("check-config") => Config::from_env()
+            .map(|config| {
+                println!("configuration ok: {config:?}");
+            })
+            .map_err(anyhow::Error::from),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
