@@ -102,7 +102,7 @@ async fn kube_rs_exec_stdin_close_ends_cat() {
         stdout.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"abc\n");
         // Closing stdin (v5 close signal) must end `cat` with success.
-        drop(stdin);
+        stdin.shutdown().await.unwrap();
         let status = status.await.unwrap();
         assert_eq!(status.status.as_deref(), Some("Success"));
         let mut rest = Vec::new();
