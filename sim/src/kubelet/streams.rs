@@ -250,7 +250,9 @@ mod tests {
                 }
             ]
         );
-        assert!(d.feed(b"garbage").is_err());
+        // `{"Wid` waits for more; a stream that is not JSON objects is refused.
+        assert!(ResizeDecoder::default().feed(b"garbage").is_err());
+        assert!(ResizeDecoder::default().feed(br#"{"Width":"wide"}"#).is_err());
     }
 
     #[test]
