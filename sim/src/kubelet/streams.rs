@@ -252,7 +252,11 @@ mod tests {
         );
         // `{"Wid` waits for more; a stream that is not JSON objects is refused.
         assert!(ResizeDecoder::default().feed(b"garbage").is_err());
-        assert!(ResizeDecoder::default().feed(br#"{"Width":"wide"}"#).is_err());
+        assert!(
+            ResizeDecoder::default()
+                .feed(br#"{"Width":"wide"}"#)
+                .is_err()
+        );
     }
 
     #[test]
