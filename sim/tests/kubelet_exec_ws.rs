@@ -46,14 +46,21 @@ async fn kube_exec(h: &Harness, script: &str) -> (String, String, i32) {
     let mut stderr = proc.stderr().unwrap();
     let status = proc.take_status().unwrap();
     let (mut out, mut err) = (String::new(), String::new());
-    let (a, b) = tokio::join!(stdout.read_to_string(&mut out), stderr.read_to_string(&mut err));
+    let (a, b) = tokio::join!(
+        stdout.read_to_string(&mut out),
+        stderr.read_to_string(&mut err)
+    );
     a.unwrap();
     b.unwrap();
     let status = timeout(T, status).await.unwrap().unwrap();
     let code = match status.status.as_deref() {
         Some("Success") => 0,
         _ => {
-            assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"), "{status:?}");
+            assert_eq!(
+                status.reason.as_deref(),
+                Some("NonZeroExitCode"),
+                "{status:?}"
+            );
             let causes = status.details.unwrap().causes.unwrap();
             assert_eq!(causes[0].reason.as_deref(), Some("ExitCode"));
             causes[0].message.as_deref().unwrap().parse().unwrap()
@@ -89,7 +96,10 @@ async fn kube_rs_exec_stdin_close_ends_cat() {
     let h = harness_with_pod("exec-stdin").await;
     timeout(T, async {
         let client = h.kube_client().await;
-        let ap = AttachParams::default().stdin(true).stdout(true).stderr(true);
+        let ap = AttachParams::default()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true);
         let mut proc = client
             .kubelet_node_exec(&params("web"), "main", ["cat"], &ap)
             .await
@@ -123,7 +133,11 @@ async fn kube_rs_exec_tty_sees_resizes() {
             .kubelet_node_exec(
                 &params("web"),
                 "main",
-                ["sh", "-c", "stty size; read -t 5 x; stty size"],
+                [
+                    "sh",
+                    "-c",
+                    "trap 'stty size; exit 0' WINCH; stty size; while true; do sleep 0.05; done",
+                ],
                 &ap,
             )
             .await
@@ -152,7 +166,7 @@ async fn kube_rs_exec_tty_sees_resizes() {
             })
             .await
             .unwrap();
-        // No stdin was requested, so `read` times out and the second `stty size` runs.
+        // The resize reaches the process as SIGWINCH; its trap prints the new size.
         let mut rest = String::new();
         stdout.read_to_string(&mut rest).await.unwrap();
         assert!(rest.contains("50 132\r\n"), "{rest:?}");
@@ -261,12 +275,15 @@ async fn raw_websocket_v5_close_and_stdin_only_greeting() {
         let (mut ws, _) = h.websocket(path, "v5.channel.k8s.io").await.unwrap();
         let first = ws.next().await.unwrap().unwrap();
         assert_eq!(first, Message::binary(vec![3u8]));
-        ws.send(Message::binary(b"\x00line\n".to_vec())).await.unwrap();
+        ws.send(Message::binary(b"\x00line\n".to_vec()))
+            .await
+            .unwrap();
         ws.send(Message::binary(vec![0xFF, 0])).await.unwrap();
         let frames = collect_frames(&mut ws).await;
         assert_eq!(joined(&frames, 3), br#"{"metadata":{},"status":"Success"}"#);
         let written = std::fs::read_to_string(
-            h.data_dir.join("containers/default_web_uid-web/main/got.txt"),
+            h.data_dir
+                .join("containers/default_web_uid-web/main/got.txt"),
         )
         .unwrap();
         assert_eq!(written, "line\n");
@@ -308,7 +325,10 @@ async fn request_errors_match_the_kubelet() {
         let (code, body) = h.get("/exec/default/nope/main?command=true&output=1").await;
         assert_eq!((code.as_u16(), body.as_str()), (404, "pod does not exist"));
         let (code, body) = h.get("/exec/default/web/nope?command=true&output=1").await;
-        assert_eq!((code.as_u16(), body.as_str()), (500, "container not found (\"nope\")"));
+        assert_eq!(
+            (code.as_u16(), body.as_str()),
+            (500, "container not found (\"nope\")")
+        );
         let (code, body) = h.get("/exec/default/web/main?command=true").await;
         assert_eq!(
             (code.as_u16(), body.as_str()),
@@ -317,7 +337,10 @@ async fn request_errors_match_the_kubelet() {
         // A plain request (no upgrade) fails the SPDY handshake, like upstream.
         let (code, body) = h.get("/exec/default/web/main?command=true&output=1").await;
         assert_eq!(code.as_u16(), 400);
-        assert!(body.contains("X-Stream-Protocol-Version is required"), "{body}");
+        assert!(
+            body.contains("X-Stream-Protocol-Version is required"),
+            "{body}"
+        );
         let (code, _) = h.get("/nothing/here").await;
         assert_eq!(code.as_u16(), 404);
         // The uid form of the route works too.

@@ -158,9 +158,7 @@ current-context: kubelet
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let req = req
-            .body(http_body_util::Empty::<Bytes>::new())
-            .unwrap();
+        let req = req.body(http_body_util::Empty::<Bytes>::new()).unwrap();
         sender.send_request(req).await.unwrap()
     }
 
@@ -182,7 +180,10 @@ current-context: kubelet
         path: &str,
         protocols: &str,
     ) -> Result<
-        (WebSocketStream<TlsStream<TcpStream>>, http::Response<Option<Vec<u8>>>),
+        (
+            WebSocketStream<TlsStream<TcpStream>>,
+            http::Response<Option<Vec<u8>>>,
+        ),
         tokio_tungstenite::tungstenite::Error,
     > {
         let mut req = format!("wss://{}{}", self.addr(), path)

@@ -266,8 +266,11 @@ pub fn remove(obj: &mut Value, path: &[Elem]) {
             }
         }
         Elem::Value(v) => {
+            let Ok(doomed) = serde_json::from_str::<Value>(v) else {
+                return;
+            };
             if let Some(items) = cur.as_array_mut() {
-                items.retain(|item| item.to_string() != *v);
+                items.retain(|item| *item != doomed);
             }
         }
     }
@@ -344,8 +347,7 @@ pub fn covers(set: &FieldSet, path: &Path) -> bool {
 /// True when no other path in `set` lies beneath `path`.
 pub fn is_leaf(set: &FieldSet, path: &Path) -> bool {
     !set.range(path.clone()..)
-        .skip(1)
-        .next()
+        .nth(1)
         .is_some_and(|p| p.starts_with(path))
 }
 

@@ -1,11 +1,227 @@
-//! The API server stand-in: an in-memory kube-apiserver.
+//! The API server stand-in: an in-memory kube-apiserver that real kubectl and kube-rs accept.
+//!
+//! It serves HTTPS on loopback with a certificate from the cluster CA, authenticates client
+//! certificates and bearer tokens, authorizes with an RBAC-like [`Policy`], and stores objects
+//! of the kinds relaylet and kubectl touch with upstream's resourceVersion, watch, patch and
+//! server-side apply semantics. Pod exec/attach/portforward/log and node proxy calls go to the
+//! kubelet through the kubelet proxy, as kube-apiserver does.
+//!
+//! Files: [`api`] handles requests; [`route`] parses URLs; [`auth`] and [`reviews`] decide who
+//! may do what; [`store`] keeps objects and history; [`watch`] streams changes; [`smp`],
+//! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`] and [`table`] are
+//! what kubectl reads; [`kinds`] and [`schema`] describe the served types; [`proxy`] reaches
+//! kubelets.
 
+pub mod api;
+pub mod auth;
 pub mod clock;
+pub mod discovery;
 pub mod failure;
 pub mod fieldset;
 pub mod kinds;
 pub mod managed;
+pub mod proxy;
+pub mod reviews;
+pub mod route;
 pub mod schema;
 pub mod selector;
 pub mod smp;
 pub mod store;
+pub mod table;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use base64::Engine;
+use serde_json::json;
+
+pub use auth::{Policy, Rule, UserInfo};
+pub use failure::Failure;
+pub use store::Store;
+
+use crate::serve::Served;
+use crate::tls::{Ca, TlsError};
+
+/// Errors starting an API server or minting its credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
+    #[error("seeding the store: {0}")]
+    Seed(Failure),
+}
+
+/// How to run one API server.
+pub struct ApiServerConfig {
+    /// Cluster name, used in kubeconfigs.
+    pub name: String,
+    /// Cluster CA: serving certificate for 127.0.0.1 and client certificates.
+    pub ca: Arc<Ca>,
+    /// Where to listen; port 0 picks one. A fixed port lets a stopped server restart on it.
+    pub listen: SocketAddr,
+    /// Authorization rules.
+    pub policy: Policy,
+    /// Bearer tokens and the users they stand for.
+    pub tokens: Vec<(String, UserInfo)>,
+}
+
+impl ApiServerConfig {
+    /// A server named `name` on a free loopback port, with no rules beyond upstream's
+    /// bootstrap ones (`system:masters` may do anything) and no tokens.
+    pub fn new(name: &str, ca: Arc<Ca>) -> Self {
+        Self {
+            name: name.to_string(),
+            ca,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            policy: Policy::default(),
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// A running API server; stopped when dropped.
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    name: String,
+    ca: Arc<Ca>,
+    store: Store,
+    served: Served,
+}
+
+/// Namespaces kube-apiserver creates at start.
+const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-node-lease", "kube-public"];
+
+impl ApiServer {
+    /// Starts a server with an empty store (plus what kube-apiserver creates at start).
+    pub async fn start(cfg: ApiServerConfig) -> Result<ApiServer, ApiError> {
+        Self::start_with_store(cfg, Store::new()).await
+    }
+
+    /// Starts a server on an existing store, so a stopped server can come back with its data
+    /// (and its watchers must resume or relist, as after an apiserver restart).
+    pub async fn start_with_store(
+        cfg: ApiServerConfig,
+        store: Store,
+    ) -> Result<ApiServer, ApiError> {
+        seed(&store, &cfg.ca).map_err(ApiError::Seed)?;
+        let identity = cfg.ca.issue_server(&["127.0.0.1", "localhost"])?;
+        let tls = cfg.ca.server_config_optional_clients(&identity)?;
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| ApiError::Bind {
+                addr: cfg.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ApiError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+        let app = Arc::new(api::App {
+            store: store.clone(),
+            policy: cfg.policy,
+            tokens: cfg.tokens,
+            server_address: addr.to_string(),
+        });
+        let router = axum::Router::new().fallback(api::handle).with_state(app);
+        let served = crate::serve::serve_tls(listener, tls, router);
+        tracing::info!(name = %cfg.name, %addr, "API server listening");
+        Ok(ApiServer {
+            addr,
+            name: cfg.name,
+            ca: cfg.ca,
+            store,
+            served,
+        })
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// The store behind the server, for direct typed or JSON access.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Stops accepting and cuts every open connection, watches included.
+    pub fn stop(&self) {
+        self.served.stop();
+    }
+
+    /// A kubeconfig (YAML) with the cluster CA embedded and a client certificate minted for
+    /// `user` in `groups`.
+    pub fn kubeconfig(&self, user: &str, groups: &[&str]) -> Result<String, ApiError> {
+        let id = self.ca.issue_client(user, groups)?;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        Ok(self.render_kubeconfig(
+            user,
+            &[
+                ("client-certificate-data", b64(&id.cert_pem)),
+                ("client-key-data", b64(&id.key_pem)),
+            ],
+        ))
+    }
+
+    /// A kubeconfig (YAML) that authenticates with a bearer `token`.
+    pub fn kubeconfig_with_token(&self, user: &str, token: &str) -> String {
+        self.render_kubeconfig(user, &[("token", token.to_string())])
+    }
+
+    fn render_kubeconfig(&self, user: &str, credentials: &[(&str, String)]) -> String {
+        // JSON strings are valid YAML scalars, which quotes names like `system:node:x` safely.
+        let q = |s: &str| json!(s).to_string();
+        let ca = base64::engine::general_purpose::STANDARD.encode(self.ca.cert_pem());
+        let mut out = String::new();
+        out.push_str("apiVersion: v1\nkind: Config\nclusters:\n");
+        out.push_str(&format!("- name: {}\n  cluster:\n", q(&self.name)));
+        out.push_str(&format!("    server: {}\n", q(&self.url())));
+        out.push_str(&format!("    certificate-authority-data: {}\n", q(&ca)));
+        out.push_str(&format!("users:\n- name: {}\n  user:\n", q(user)));
+        for (key, value) in credentials {
+            out.push_str(&format!("    {key}: {}\n", q(value)));
+        }
+        out.push_str(&format!(
+            "contexts:\n- name: {ctx}\n  context:\n    cluster: {cluster}\n    user: {user}\n    namespace: \"default\"\ncurrent-context: {ctx}\n",
+            ctx = q(&format!("{}-{}", self.name, user)),
+            cluster = q(&self.name),
+            user = q(user),
+        ));
+        out
+    }
+}
+
+/// What kube-apiserver creates at start: the system namespaces and the
+/// `extension-apiserver-authentication` ConfigMap carrying the client CA.
+fn seed(store: &Store, ca: &Ca) -> Result<(), Failure> {
+    let namespaces = kinds::by_resource("", "namespaces")
+        .ok_or_else(|| Failure::internal("namespaces are not served"))?;
+    let configmaps = kinds::by_resource("", "configmaps")
+        .ok_or_else(|| Failure::internal("configmaps are not served"))?;
+    for ns in SYSTEM_NAMESPACES {
+        ignore_existing(store.create(namespaces, "", json!({ "metadata": { "name": ns } })))?;
+    }
+    ignore_existing(store.create(
+        configmaps,
+        "kube-system",
+        json!({
+            "metadata": { "name": "extension-apiserver-authentication" },
+            "data": { "client-ca-file": ca.cert_pem() },
+        }),
+    ))?;
+    Ok(())
+}
+
+fn ignore_existing(result: Result<serde_json::Value, Failure>) -> Result<(), Failure> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(f) if f.reason == "AlreadyExists" => Ok(()),
+        Err(f) => Err(f),
+    }
+}

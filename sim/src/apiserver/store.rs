@@ -139,8 +139,9 @@ impl Store {
         state.history.clear();
     }
 
-    /// Changes after `rv`, or [`TooOld`] when some of them are no longer kept.
-    pub fn events_since(&self, rv: u64) -> Result<Vec<Event>, TooOld> {
+    /// Changes after `rv` and the revision they bring a watcher up to, or [`TooOld`] when
+    /// some of them are no longer kept.
+    pub fn events_since(&self, rv: u64) -> Result<(Vec<Event>, u64), TooOld> {
         let state = self.lock();
         if rv < state.compacted {
             return Err(TooOld {
@@ -148,12 +149,13 @@ impl Store {
                 oldest: state.compacted + 1,
             });
         }
-        Ok(state
+        let events = state
             .history
             .iter()
             .filter(|e| e.rv > rv)
             .cloned()
-            .collect())
+            .collect();
+        Ok((events, state.rv.max(rv)))
     }
 
     /// One object.
@@ -258,10 +260,10 @@ impl Store {
                 namespace: String::new(),
                 name: namespace.to_string(),
             };
-            if !state.objects.contains_key(&ns_key) {
-                if let Some(namespaces) = kinds::by_resource("", "namespaces") {
-                    return Err(Failure::not_found(namespaces, namespace));
-                }
+            if !state.objects.contains_key(&ns_key)
+                && let Some(namespaces) = kinds::by_resource("", "namespaces")
+            {
+                return Err(Failure::not_found(namespaces, namespace));
             }
         }
         if state.objects.contains_key(&key) {
@@ -367,10 +369,10 @@ impl Store {
             .get(&key)
             .cloned()
             .ok_or_else(|| Failure::not_found(kind, name))?;
-        if let Some(want) = precondition_rv {
-            if current["metadata"]["resourceVersion"].as_str() != Some(want) {
-                return Err(Failure::conflict(kind, name));
-            }
+        if let Some(want) = precondition_rv
+            && current["metadata"]["resourceVersion"].as_str() != Some(want)
+        {
+            return Err(Failure::conflict(kind, name));
         }
         let mut doomed = vec![key];
         if kind.kind == "Namespace" {
@@ -663,7 +665,7 @@ mod tests {
         assert_eq!(stored["metadata"]["resourceVersion"], "3");
         let stale = store.modify(kind("configmaps"), "default", "c", |_| Ok(newer));
         assert_eq!(stale.unwrap_err().reason, "Conflict");
-        assert_eq!(store.events_since(1).unwrap().len(), 2);
+        assert_eq!(store.events_since(1).unwrap().0.len(), 2);
         store.compact();
         assert_eq!(
             store.events_since(1).unwrap_err(),
@@ -672,7 +674,7 @@ mod tests {
                 oldest: 4
             }
         );
-        assert!(store.events_since(3).unwrap().is_empty());
+        assert!(store.events_since(3).unwrap().0.is_empty());
     }
 
     #[test]

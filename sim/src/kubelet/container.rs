@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use k8s_openapi::jiff::Timestamp;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, broadcast, mpsc, watch};
 
@@ -26,7 +25,6 @@ const ATTACH_BACKLOG: usize = 1024;
 pub struct Instance {
     pub restart: u32,
     pub log_path: PathBuf,
-    pub tty: bool,
     running: watch::Receiver<bool>,
     log_written: watch::Receiver<u64>,
     exit_code: watch::Receiver<Option<i32>>,
@@ -121,9 +119,7 @@ impl Instance {
 
         let pumps: Vec<_> = sources
             .into_iter()
-            .map(|(stream, source)| {
-                tokio::spawn(pump(stream, source, log.clone(), attach.clone()))
-            })
+            .map(|(stream, source)| tokio::spawn(pump(stream, source, log.clone(), attach.clone())))
             .collect();
         tokio::spawn(async move {
             for pump in pumps {
@@ -138,7 +134,6 @@ impl Instance {
         Ok(Arc::new(Instance {
             restart: place.restart,
             log_path: place.log_path,
-            tty: spec.tty,
             running,
             log_written,
             exit_code,

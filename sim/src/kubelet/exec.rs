@@ -25,7 +25,12 @@ const FIRST_SIZE_WAIT: Duration = Duration::from_millis(500);
 const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
 /// Runs `argv` in `container` and reports its outcome on `streams` (unless the client left).
-pub async fn run(container: Arc<Container>, pod_name: String, argv: Vec<String>, mut streams: Streams) {
+pub async fn run(
+    container: Arc<Container>,
+    pod_name: String,
+    argv: Vec<String>,
+    mut streams: Streams,
+) {
     let opts = streams.opts;
     let mut first_size = None;
     if opts.tty
@@ -127,7 +132,10 @@ pub async fn run(container: Arc<Container>, pod_name: String, argv: Vec<String>,
             }
         };
         tokio::pin!(drained);
-        if tokio::time::timeout(OUTPUT_GRACE, &mut drained).await.is_err() {
+        if tokio::time::timeout(OUTPUT_GRACE, &mut drained)
+            .await
+            .is_err()
+        {
             group.kill();
             drained.await;
         }

@@ -47,6 +47,9 @@ impl Activity {
     }
 
     fn last(&self) -> Instant {
-        self.last.lock().map(|l| *l).unwrap_or_else(|_| Instant::now())
+        self.last
+            .lock()
+            .map(|l| *l)
+            .unwrap_or_else(|_| Instant::now())
     }
 }

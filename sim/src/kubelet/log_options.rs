@@ -84,15 +84,17 @@ impl LogOptions {
             ));
         }
         if let Some(n) = self.limit_bytes.filter(|n| *n < 1) {
-            errors.push(format!("limitBytes: Invalid value: {n}: must be greater than 0"));
+            errors.push(format!(
+                "limitBytes: Invalid value: {n}: must be greater than 0"
+            ));
         }
         match (self.since_seconds, self.since_time) {
             (Some(_), Some(_)) => errors.push(
                 "Forbidden: at most one of `sinceTime` or `sinceSeconds` may be specified".into(),
             ),
-            (Some(n), None) if n < 1 => {
-                errors.push(format!("sinceSeconds: Invalid value: {n}: must be greater than 0"))
-            }
+            (Some(n), None) if n < 1 => errors.push(format!(
+                "sinceSeconds: Invalid value: {n}: must be greater than 0"
+            )),
             _ => {}
         }
         if self.stream != StreamSelect::All && self.tail_lines.is_some() {
@@ -136,10 +138,9 @@ fn int(value: Option<&str>, key: &str) -> Result<Option<i64>, OptionsError> {
 fn time(value: Option<&str>) -> Result<Option<Timestamp>, OptionsError> {
     match value {
         None | Some("") | Some("null") => Ok(None),
-        Some(v) => v
-            .parse::<Timestamp>()
-            .map(Some)
-            .map_err(|e| OptionsError::Decode(format!("sinceTime: invalid RFC 3339 time {v:?}: {e}"))),
+        Some(v) => v.parse::<Timestamp>().map(Some).map_err(|e| {
+            OptionsError::Decode(format!("sinceTime: invalid RFC 3339 time {v:?}: {e}"))
+        }),
     }
 }
 
@@ -153,8 +154,8 @@ mod tests {
 
     #[test]
     fn decodes_like_apimachinery() {
-        let o = LogOptions::from_query(&q("follow=&previous=0&timestamps=yes&tailLines=3"))
-            .unwrap();
+        let o =
+            LogOptions::from_query(&q("follow=&previous=0&timestamps=yes&tailLines=3")).unwrap();
         assert!(o.follow && !o.previous && o.timestamps);
         assert_eq!(o.tail_lines, Some(3));
         let o = LogOptions::from_query(&q("tailLines=3&tail=all")).unwrap();
@@ -182,7 +183,10 @@ mod tests {
             "stream=Stdout&tailLines=1",
         ] {
             assert!(
-                matches!(LogOptions::from_query(&q(bad)), Err(OptionsError::Invalid(_))),
+                matches!(
+                    LogOptions::from_query(&q(bad)),
+                    Err(OptionsError::Invalid(_))
+                ),
                 "{bad}"
             );
         }

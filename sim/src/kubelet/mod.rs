@@ -19,6 +19,7 @@ mod portforward;
 mod process;
 mod query;
 mod routes;
+mod spdy_transport;
 mod status;
 mod streams;
 mod websocket;
@@ -67,6 +68,15 @@ impl KubeletConfig {
             stream_idle_timeout: Duration::from_secs(4 * 60 * 60),
         }
     }
+}
+
+/// The state of a container's current instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerStatus {
+    pub restart_count: u32,
+    pub running: bool,
+    /// Set once the main process exited (128 + signal if it was killed).
+    pub exit_code: Option<i32>,
 }
 
 /// Errors from running the kubelet stand-in.
@@ -158,6 +168,27 @@ impl Kubelet {
         container: &str,
     ) -> Result<(), KubeletError> {
         self.shared.pods.restart(namespace, pod, container).await
+    }
+
+    /// What the runtime knows of a container: restarts, whether it runs, its last exit code.
+    pub fn container_status(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Option<ContainerStatus> {
+        let c = self
+            .shared
+            .pods
+            .get(namespace, pod)?
+            .container(container)?
+            .clone();
+        let current = c.current()?;
+        Some(ContainerStatus {
+            restart_count: current.restart,
+            running: current.is_running(),
+            exit_code: current.exit_code(),
+        })
     }
 
     /// Stops serving, ends every streaming session and kills every process.

@@ -36,7 +36,6 @@ pub struct ContainerRun {
 
 /// A running pod.
 pub struct Pod {
-    pub namespace: String,
     pub name: String,
     pub uid: String,
     pub containers: Vec<Arc<Container>>,
@@ -45,16 +44,6 @@ pub struct Pod {
 impl Pod {
     pub fn container(&self, name: &str) -> Option<&Arc<Container>> {
         self.containers.iter().find(|c| c.spec.name == name)
-    }
-
-    /// The real address behind a container port of any container (they share the pod's
-    /// network namespace).
-    pub fn port(&self, port: u16) -> Option<SocketAddr> {
-        self.containers
-            .iter()
-            .flat_map(|c| c.spec.ports.iter())
-            .find(|(p, _)| *p == port)
-            .map(|(_, addr)| *addr)
     }
 
     /// The id the runtime's streaming server knows the pod sandbox by (shows in errors).
@@ -170,7 +159,6 @@ impl Pods {
             containers.push(container);
         }
         let pod = Arc::new(Pod {
-            namespace: run.namespace.clone(),
             name: run.name.clone(),
             uid: run.uid,
             containers,

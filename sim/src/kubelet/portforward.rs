@@ -5,14 +5,20 @@
 //! direction ends, the other gets a second to finish. Failures are reported as text on the
 //! error stream, `error forwarding port P to pod ID, uid : reason`, as the kubelet does.
 //!
+//! Over SPDY every forwarded connection is a pair of client-opened streams (`data` and `error`)
+//! sharing a `requestid`; one session carries any number of them.
+//!
 //! The WebSocket flavour (`?port=` in the query) uses two channels per port, data `2i` and
 //! error `2i+1`, each starting with the port number as two little-endian bytes.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
@@ -21,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::idle::Activity;
 use super::query;
 use super::websocket::{self, Codec, Incoming, Ws};
+use crate::spdy::{Connection, Incoming as SpdyIncoming, Stream};
 
 /// How long the second direction may run on after the first one ended.
 const HALF_CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -248,6 +255,214 @@ pub async fn run_websocket(
     let _ = tokio::time::timeout(HALF_CLOSE_GRACE * 2, &mut all_done).await;
 }
 
+/// The port-forward protocol the kubelet offers over SPDY.
+pub const SPDY_PROTOCOLS: &[&str] = &["portforward.k8s.io"];
+
+/// The streams of one forwarded connection, as they arrive.
+struct Pending {
+    deadline: tokio::time::Instant,
+    data: Option<Stream>,
+    error: Option<Stream>,
+}
+
+/// Runs a SPDY port-forward session: every request is a pair of streams (`streamtype` `data`
+/// and `error`, same `requestid`, `port` header) forwarded on its own; many per connection.
+pub async fn run_spdy(
+    conn: Connection,
+    mut incoming: SpdyIncoming,
+    target: Target,
+    creation_timeout: Duration,
+    idle_timeout: Duration,
+    gone: CancellationToken,
+) {
+    let activity = Activity::start(idle_timeout, gone.clone());
+    let mut pending: HashMap<String, Pending> = HashMap::new();
+    let mut forwards = tokio::task::JoinSet::new();
+    loop {
+        let next_deadline = pending.values().map(|p| p.deadline).min();
+        let expiry = async {
+            match next_deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let stream = tokio::select! {
+            _ = gone.cancelled() => break,
+            _ = conn.closed() => break,
+            _ = expiry => {
+                let now = tokio::time::Instant::now();
+                let expired: Vec<String> = pending
+                    .iter()
+                    .filter(|(_, p)| p.deadline <= now)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in expired {
+                    if let Some(p) = pending.remove(&id) {
+                        print_error(p.error, "timed out waiting for streams").await;
+                    }
+                }
+                continue;
+            }
+            stream = incoming.next() => stream,
+        };
+        let Some(stream) = stream else { break };
+        activity.touch();
+        let (port, kind) = match check_stream(&stream) {
+            Ok(checked) => checked,
+            Err(why) => {
+                // The kubelet's stream handler refuses such a stream.
+                tracing::debug!(%why, "refusing port-forward stream");
+                let _ = stream.reset().await;
+                continue;
+            }
+        };
+        if stream.reply().await.is_err() {
+            break;
+        }
+        let request_id = request_id(&stream, kind);
+        let entry = pending
+            .entry(request_id.clone())
+            .or_insert_with(|| Pending {
+                deadline: tokio::time::Instant::now() + creation_timeout,
+                data: None,
+                error: None,
+            });
+        let slot = match kind {
+            StreamKind::Data => &mut entry.data,
+            StreamKind::Error => &mut entry.error,
+        };
+        if slot.is_some() {
+            let what = match kind {
+                StreamKind::Data => "data",
+                StreamKind::Error => "error",
+            };
+            let msg = format!(
+                "error processing stream for request {request_id}: {what} stream already assigned"
+            );
+            let _ = stream.reset().await;
+            if let Some(err) = entry.error.as_mut() {
+                let _ = err.write_all(msg.as_bytes()).await;
+            }
+            continue;
+        }
+        *slot = Some(stream);
+        if entry.data.is_some() && entry.error.is_some() {
+            let Some(Pending {
+                data: Some(data),
+                error: Some(error),
+                ..
+            }) = pending.remove(&request_id)
+            else {
+                continue;
+            };
+            let target = target.clone();
+            let activity = activity.clone();
+            forwards.spawn(async move {
+                let data = Touching {
+                    inner: data,
+                    activity,
+                };
+                let result = target.forward(port, data).await;
+                if let Err(msg) = result {
+                    let mut error = error;
+                    let _ = error.write_all(msg.as_bytes()).await;
+                    let _ = error.shutdown().await;
+                }
+            });
+        }
+    }
+    forwards.abort_all();
+    conn.abort();
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamKind {
+    Data,
+    Error,
+}
+
+/// The kubelet's checks of a new port-forward stream: a valid `port` and a known type.
+fn check_stream(stream: &Stream) -> Result<(u16, StreamKind), String> {
+    let port_text = stream
+        .header("port")
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| "\"port\" header is required".to_string())?;
+    let port: u16 = port_text
+        .parse()
+        .map_err(|e| format!("unable to parse {port_text:?} as a port: {e}"))?;
+    if port < 1 {
+        return Err(format!("port {port_text:?} must be > 0"));
+    }
+    let kind = match stream.header("streamtype") {
+        Some("data") => StreamKind::Data,
+        Some("error") => StreamKind::Error,
+        None | Some("") => return Err("\"streamType\" header is required".into()),
+        Some(other) => return Err(format!("invalid stream type {other:?}")),
+    };
+    Ok((port, kind))
+}
+
+/// The request id pairing data and error streams; old clients send none, and the kubelet
+/// derives one from the stream ids (error = id, data = id - 2).
+fn request_id(stream: &Stream, kind: StreamKind) -> String {
+    match stream.header("requestid").filter(|id| !id.is_empty()) {
+        Some(id) => id.to_string(),
+        None => match kind {
+            StreamKind::Error => stream.id().to_string(),
+            StreamKind::Data => (i64::from(stream.id()) - 2).to_string(),
+        },
+    }
+}
+
+async fn print_error(error: Option<Stream>, msg: &str) {
+    if let Some(mut error) = error {
+        let _ = error.write_all(msg.as_bytes()).await;
+        let _ = error.shutdown().await;
+    }
+}
+
+/// A stream that counts its traffic as connection activity (for the idle timeout).
+struct Touching<S> {
+    inner: S,
+    activity: Activity,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Touching<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if result.is_ready() {
+            self.activity.touch();
+        }
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Touching<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if result.is_ready() {
+            self.activity.touch();
+        }
+        result
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,7 +470,10 @@ mod tests {
     #[test]
     fn ws_ports_follow_upstream() {
         let q = |s: &str| query::parse(Some(s)).unwrap();
-        assert_eq!(ws_ports(&q("port=80&port=443,8080")).unwrap(), vec![80, 443, 8080]);
+        assert_eq!(
+            ws_ports(&q("port=80&port=443,8080")).unwrap(),
+            vec![80, 443, 8080]
+        );
         assert!(ws_ports(&q("")).is_err());
         assert!(ws_ports(&q("port=")).is_err());
         assert!(ws_ports(&q("port=0")).is_err());

@@ -192,9 +192,9 @@ impl Pty {
     pub async fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
             let mut guard = self.master.readable().await?;
-            match guard.try_io(|fd| {
-                nix::unistd::read(fd.get_ref(), buf).map_err(std::io::Error::from)
-            }) {
+            match guard
+                .try_io(|fd| nix::unistd::read(fd.get_ref(), buf).map_err(std::io::Error::from))
+            {
                 Ok(Ok(n)) => return Ok(n),
                 // Linux reports a hung-up terminal as EIO: that is the end of output.
                 Ok(Err(err)) if err.raw_os_error() == Some(nix::libc::EIO) => return Ok(0),
@@ -208,9 +208,9 @@ impl Pty {
     pub async fn write_all(&self, mut data: &[u8]) -> std::io::Result<()> {
         while !data.is_empty() {
             let mut guard = self.master.writable().await?;
-            match guard.try_io(|fd| {
-                nix::unistd::write(fd.get_ref(), data).map_err(std::io::Error::from)
-            }) {
+            match guard
+                .try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(std::io::Error::from))
+            {
                 Ok(Ok(n)) => data = &data[n..],
                 Ok(Err(err)) => return Err(err),
                 Err(_would_block) => continue,

@@ -17,10 +17,12 @@ use axum::routing::get;
 use http::StatusCode;
 
 use super::Shared;
-use super::pods::Pod;
+use super::pods::{Container, Pod};
 use super::portforward::{self, Target};
+use super::status::Outcome;
 use super::streams::{self, StreamOptions};
-use super::{attach, exec, logs, query, websocket};
+use super::{attach, exec, logs, query, spdy_transport, websocket};
+use crate::spdy;
 
 /// The kubelet API router.
 pub(super) fn router(shared: Arc<Shared>) -> Router {
@@ -72,7 +74,11 @@ fn param<'a>(p: &'a Params, name: &str) -> &'a str {
     p.get(name).map(String::as_str).unwrap_or_default()
 }
 
-async fn logs_route(State(shared): State<Arc<Shared>>, Path(p): Path<Params>, req: Request) -> Response {
+async fn logs_route(
+    State(shared): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    req: Request,
+) -> Response {
     logs::serve(
         shared,
         param(&p, "namespace"),
@@ -111,8 +117,11 @@ async fn remote_command(
         Ok(o) => o,
         Err(why) => return text(StatusCode::BAD_REQUEST, why),
     };
-    let (namespace, pod_name, container) =
-        (param(&p, "namespace"), param(&p, "pod"), param(&p, "container"));
+    let (namespace, pod_name, container) = (
+        param(&p, "namespace"),
+        param(&p, "pod"),
+        param(&p, "container"),
+    );
     let Some(pod) = shared.pods.get(namespace, pod_name) else {
         return text(StatusCode::NOT_FOUND, "pod does not exist");
     };
@@ -123,7 +132,12 @@ async fn remote_command(
         );
     };
     let command = if is_exec {
-        Command::Exec(query::all(&pairs, "command").into_iter().map(String::from).collect())
+        Command::Exec(
+            query::all(&pairs, "command")
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        )
     } else {
         match container.current() {
             Some(instance) if instance.is_running() => Command::Attach,
@@ -144,11 +158,14 @@ async fn remote_command(
     if !websocket::is_websocket(req.headers()) {
         return spdy_remote_command(&shared, &mut req, opts, command, &pod, container);
     }
-    let (protocol, response) =
-        match websocket::accept(req.method(), req.headers(), websocket::REMOTE_COMMAND_PROTOCOLS) {
-            Ok(accepted) => accepted,
-            Err(refused) => return refused,
-        };
+    let (protocol, response) = match websocket::accept(
+        req.method(),
+        req.headers(),
+        websocket::REMOTE_COMMAND_PROTOCOLS,
+    ) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
     let on_upgrade = hyper::upgrade::on(&mut req);
     let gone = shared.stop.child_token();
     let (streams, ends) = streams::pair(opts, true, gone.clone());
@@ -163,36 +180,67 @@ async fn remote_command(
         let transport = tokio::spawn(async move {
             websocket::run_remote_command(ws, &protocol, opts, ends, idle).await;
         });
-        match command {
-            Command::Exec(argv) => exec::run(container, pod_name, argv, streams).await,
-            Command::Attach => {
-                if let Some(instance) = container.current() {
-                    attach::run(instance, streams).await;
-                }
-            }
-        }
+        run_command(command, container, pod_name, streams).await;
         let _ = transport.await;
     });
     response
 }
 
-/// SPDY sessions need the SPDY transport; until a client offers a protocol we answer like
-/// upstream `httpstream.Handshake` does for a request without `X-Stream-Protocol-Version`.
+/// A remote command over SPDY: negotiate like `httpstream.Handshake`, upgrade, wait for the
+/// client's streams, then run the command.
 fn spdy_remote_command(
-    _shared: &Arc<Shared>,
+    shared: &Arc<Shared>,
     req: &mut Request,
-    _opts: StreamOptions,
-    _command: Command,
-    _pod: &Arc<Pod>,
-    _container: Arc<super::pods::Container>,
+    opts: StreamOptions,
+    command: Command,
+    pod: &Arc<Pod>,
+    container: Arc<Container>,
 ) -> Response {
-    if req.headers().get("x-stream-protocol-version").is_none() {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "unable to upgrade: X-Stream-Protocol-Version is required",
-        );
+    let protocol = match spdy::negotiate(req.headers(), spdy_transport::REMOTE_COMMAND_PROTOCOLS) {
+        Ok(Some(protocol)) => protocol,
+        Ok(None) => return spdy::missing_protocol_response(),
+        Err(refused) => return refused.into_response(),
+    };
+    let (response, accepting) = match spdy::accept(req, Some(&protocol)) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
+    let gone = shared.stop.child_token();
+    let creation = shared.stream_creation_timeout;
+    let idle = shared.stream_idle_timeout;
+    let pod_name = pod.name.clone();
+    tokio::spawn(async move {
+        let Ok((conn, incoming)) = accepting.connection().await else {
+            return;
+        };
+        let Some((streams, transport)) =
+            spdy_transport::start(conn, incoming, Some(protocol), opts, creation, idle, gone).await
+        else {
+            return;
+        };
+        run_command(command, container, pod_name, streams).await;
+        let _ = transport.await;
+    });
+    response
+}
+
+async fn run_command(
+    command: Command,
+    container: Arc<Container>,
+    pod_name: String,
+    streams: streams::Streams,
+) {
+    match command {
+        Command::Exec(argv) => exec::run(container, pod_name, argv, streams).await,
+        Command::Attach => match container.current() {
+            Some(instance) => attach::run(instance, streams).await,
+            None => {
+                let outcome =
+                    Outcome::Failed("error attaching to container: container is gone".into());
+                streams.output.finish(outcome).await;
+            }
+        },
     }
-    text(StatusCode::BAD_REQUEST, "unable to upgrade: SPDY is not available")
 }
 
 async fn port_forward_route(
@@ -235,11 +283,14 @@ async fn port_forward_route(
     if !is_ws {
         return spdy_port_forward(&shared, &mut req, target);
     }
-    let (protocol, response) =
-        match websocket::accept(req.method(), req.headers(), websocket::PORT_FORWARD_PROTOCOLS) {
-            Ok(accepted) => accepted,
-            Err(refused) => return refused,
-        };
+    let (protocol, response) = match websocket::accept(
+        req.method(),
+        req.headers(),
+        websocket::PORT_FORWARD_PROTOCOLS,
+    ) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
     let on_upgrade = hyper::upgrade::on(&mut req);
     let gone = shared.stop.child_token();
     let idle = shared.stream_idle_timeout;
@@ -253,12 +304,25 @@ async fn port_forward_route(
     response
 }
 
-fn spdy_port_forward(_shared: &Arc<Shared>, req: &mut Request, _target: Target) -> Response {
-    if req.headers().get("x-stream-protocol-version").is_none() {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "unable to upgrade: X-Stream-Protocol-Version is required",
-        );
-    }
-    text(StatusCode::BAD_REQUEST, "unable to upgrade: SPDY is not available")
+/// A port-forward over SPDY (`portforward.k8s.io`).
+fn spdy_port_forward(shared: &Arc<Shared>, req: &mut Request, target: Target) -> Response {
+    let protocol = match spdy::negotiate(req.headers(), portforward::SPDY_PROTOCOLS) {
+        Ok(Some(protocol)) => protocol,
+        Ok(None) => return spdy::missing_protocol_response(),
+        Err(refused) => return refused.into_response(),
+    };
+    let (response, accepting) = match spdy::accept(req, Some(&protocol)) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
+    let gone = shared.stop.child_token();
+    let creation = shared.stream_creation_timeout;
+    let idle = shared.stream_idle_timeout;
+    tokio::spawn(async move {
+        let Ok((conn, incoming)) = accepting.connection().await else {
+            return;
+        };
+        portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
+    });
+    response
 }

@@ -82,8 +82,7 @@ impl ResizeDecoder {
         self.buf.extend_from_slice(data);
         let mut sizes = Vec::new();
         let mut consumed = 0;
-        let mut iter =
-            serde_json::Deserializer::from_slice(&self.buf).into_iter::<TermSize>();
+        let mut iter = serde_json::Deserializer::from_slice(&self.buf).into_iter::<TermSize>();
         loop {
             match iter.next() {
                 Some(Ok(size)) => {
@@ -172,7 +171,11 @@ pub struct TransportEnds {
 }
 
 /// Creates a connected pair of [`Streams`] (for the command) and [`TransportEnds`].
-pub fn pair(opts: StreamOptions, with_resize: bool, gone: CancellationToken) -> (Streams, TransportEnds) {
+pub fn pair(
+    opts: StreamOptions,
+    with_resize: bool,
+    gone: CancellationToken,
+) -> (Streams, TransportEnds) {
     let (out_tx, out_rx) = mpsc::channel(64);
     let (stdin_tx, stdin_rx) = if opts.stdin {
         let (tx, rx) = mpsc::channel(64);
@@ -229,17 +232,31 @@ mod tests {
         let mut d = ResizeDecoder::default();
         assert!(d.feed(br#"{"Width":100,"#).unwrap().is_empty());
         let sizes = d
-            .feed(br#""Height":40}
-{"Width":132,"Height":50}{"Wid"#)
+            .feed(
+                br#""Height":40}
+{"Width":132,"Height":50}{"Wid"#,
+            )
             .unwrap();
         assert_eq!(
             sizes,
             vec![
-                TermSize { width: 100, height: 40 },
-                TermSize { width: 132, height: 50 }
+                TermSize {
+                    width: 100,
+                    height: 40
+                },
+                TermSize {
+                    width: 132,
+                    height: 50
+                }
             ]
         );
-        assert!(d.feed(b"garbage").is_err());
+        // `{"Wid` waits for more; a stream that is not JSON objects is refused.
+        assert!(ResizeDecoder::default().feed(b"garbage").is_err());
+        assert!(
+            ResizeDecoder::default()
+                .feed(br#"{"Width":"wide"}"#)
+                .is_err()
+        );
     }
 
     #[test]

@@ -58,6 +58,8 @@ pub fn is_websocket(headers: &HeaderMap) -> bool {
 
 /// Checks a WebSocket handshake and picks a subprotocol. `Ok((protocol, 101 response))`, or
 /// the refusal to send (405, 400 or 403 like `golang.org/x/net/websocket`).
+// Both arms are responses that go straight back to hyper; boxing one would only add noise.
+#[allow(clippy::result_large_err)]
 pub fn accept(
     method: &Method,
     headers: &HeaderMap,
@@ -323,12 +325,21 @@ mod tests {
     fn binary_and_base64_framing() {
         let bin = Codec::for_protocol("v4.channel.k8s.io");
         assert_eq!(payload(&bin.encode(1, b"hi")).unwrap(), b"\x01hi");
-        assert_eq!(bin.decode(b"\x00abc"), Incoming::Data(0, Bytes::from_static(b"abc")));
+        assert_eq!(
+            bin.decode(b"\x00abc"),
+            Incoming::Data(0, Bytes::from_static(b"abc"))
+        );
         // v4 has no stream close: 0xFF is just an (unknown) channel.
-        assert_eq!(bin.decode(b"\xff\x00"), Incoming::Data(255, Bytes::from_static(b"\x00")));
+        assert_eq!(
+            bin.decode(b"\xff\x00"),
+            Incoming::Data(255, Bytes::from_static(b"\x00"))
+        );
         let b64 = Codec::for_protocol("base64.channel.k8s.io");
         assert_eq!(payload(&b64.encode(2, b"hi")).unwrap(), b"2aGk=");
-        assert_eq!(b64.decode(b"0aGk="), Incoming::Data(0, Bytes::from_static(b"hi")));
+        assert_eq!(
+            b64.decode(b"0aGk="),
+            Incoming::Data(0, Bytes::from_static(b"hi"))
+        );
         assert_eq!(b64.decode(b"0!!"), Incoming::Ignore);
         let v5 = Codec::for_protocol("v5.channel.k8s.io");
         assert_eq!(v5.decode(b"\xff\x00"), Incoming::Close(0));
@@ -338,7 +349,10 @@ mod tests {
     #[test]
     fn handshake_picks_the_clients_first_supported_protocol() {
         let mut h = HeaderMap::new();
-        h.insert("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==".parse().unwrap());
+        h.insert(
+            "sec-websocket-key",
+            "dGhlIHNhbXBsZSBub25jZQ==".parse().unwrap(),
+        );
         h.insert("sec-websocket-version", "13".parse().unwrap());
         h.insert(
             "sec-websocket-protocol",
@@ -352,7 +366,10 @@ mod tests {
         );
         let (p, _) = accept(&Method::GET, &h, PORT_FORWARD_PROTOCOLS).unwrap();
         assert_eq!(p, "v4.channel.k8s.io");
-        h.insert("sec-websocket-protocol", "v9.channel.k8s.io".parse().unwrap());
+        h.insert(
+            "sec-websocket-protocol",
+            "v9.channel.k8s.io".parse().unwrap(),
+        );
         let refused = accept(&Method::GET, &h, REMOTE_COMMAND_PROTOCOLS).unwrap_err();
         assert_eq!(refused.status(), StatusCode::FORBIDDEN);
         let refused = accept(&Method::POST, &h, REMOTE_COMMAND_PROTOCOLS).unwrap_err();

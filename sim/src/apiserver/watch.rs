@@ -1,0 +1,171 @@
+//! Watch streams (`?watch=1`): newline-delimited JSON events in a chunked response, as
+//! kube-apiserver sends them.
+//!
+//! Semantics follow upstream's watch cache: with no resourceVersion or "0" the stream starts
+//! with the current state as ADDED events; with a resourceVersion it replays every change after
+//! it, or sends one ERROR event carrying a 410 Expired Status when that history is gone;
+//! `sendInitialEvents=true` sends the state then a BOOKMARK annotated
+//! `k8s.io/initial-events-end`; `allowWatchBookmarks` adds periodic BOOKMARKs; objects entering
+//! or leaving a selector appear as ADDED or DELETED; `timeoutSeconds` ends the stream cleanly.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::failure::Failure;
+use super::kinds::Kind;
+use super::selector::{FieldSelector, LabelSelector};
+use super::store::{Change, Event, Store};
+use super::table::{self, Include};
+
+/// How often a watch that allows bookmarks gets one.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(2);
+
+/// Upstream's default watch length when the client names none (its minimum request timeout).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// One watch request.
+pub struct Watch {
+    pub kind: &'static Kind,
+    /// None: all namespaces (or a cluster-scoped kind).
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    /// The resourceVersion to resume after; None for "start with the current state".
+    pub since: Option<u64>,
+    pub bookmarks: bool,
+    pub send_initial_events: bool,
+    pub timeout: Option<Duration>,
+    /// Table version when the client asked for server-side printing.
+    pub table: Option<(&'static str, Include)>,
+}
+
+impl Watch {
+    fn selects(&self, obj: &Value) -> bool {
+        let namespace_ok = self.namespace.as_deref().is_none_or(|ns| {
+            obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+        });
+        namespace_ok
+            && self.labels.matches(obj.pointer("/metadata/labels"))
+            && self.fields.matches(obj)
+    }
+
+    fn wire(&self, kind: &str, object: &Value) -> Bytes {
+        let object = match (self.table, kind) {
+            (Some((version, include)), "ADDED" | "MODIFIED" | "DELETED") => {
+                table::table(self.kind, version, &[object], json!({}), include)
+            }
+            _ => object.clone(),
+        };
+        let mut line = json!({ "type": kind, "object": object }).to_string();
+        line.push('\n');
+        Bytes::from(line)
+    }
+
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+        let mut metadata = json!({ "resourceVersion": rv.to_string(), "creationTimestamp": null });
+        if initial_end {
+            metadata["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+        }
+        let object = json!({
+            "kind": self.kind.kind,
+            "apiVersion": self.kind.api_version(),
+            "metadata": metadata,
+        });
+        self.wire("BOOKMARK", &object)
+    }
+
+    /// The wire event for one stored change, if this watch sees it.
+    fn translate(&self, event: &Event) -> Option<Bytes> {
+        if event.key.group != self.kind.group || event.key.resource != self.kind.resource {
+            return None;
+        }
+        let now = self.selects(&event.object);
+        let before = event.previous.as_deref().is_some_and(|p| self.selects(p));
+        let kind = match (event.change, before, now) {
+            (Change::Added, _, true) => "ADDED",
+            (Change::Deleted, true, _) => "DELETED",
+            (Change::Modified, true, true) => "MODIFIED",
+            (Change::Modified, false, true) => "ADDED",
+            (Change::Modified, true, false) => "DELETED",
+            _ => return None,
+        };
+        Some(self.wire(kind, &event.object))
+    }
+}
+
+/// Starts the watch; the returned body streams until the timeout, the server stopping
+/// (`stop`), or the client going away.
+pub fn serve(store: Store, watch: Watch, stop: CancellationToken) -> Body {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(run(store, Arc::new(watch), stop, tx));
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    Body::from_stream(stream)
+}
+
+async fn run(store: Store, watch: Arc<Watch>, stop: CancellationToken, tx: mpsc::Sender<Bytes>) {
+    let mut latest = store.subscribe();
+    let deadline = tokio::time::Instant::now() + watch.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    let mut cursor = match watch.since.filter(|_| !watch.send_initial_events) {
+        Some(rv) => rv,
+        None => {
+            let (items, rv) = store.list(watch.kind, watch.namespace.as_deref());
+            for item in items.iter().filter(|o| watch.selects(o)) {
+                if tx.send(watch.wire("ADDED", item)).await.is_err() {
+                    return;
+                }
+            }
+            if watch.send_initial_events && tx.send(watch.bookmark(rv, true)).await.is_err() {
+                return;
+            }
+            rv
+        }
+    };
+    let mut bookmark_timer = tokio::time::interval(BOOKMARK_EVERY);
+    bookmark_timer.tick().await;
+    loop {
+        match store.events_since(cursor) {
+            Ok((events, rv)) => {
+                for event in &events {
+                    if let Some(line) = watch.translate(event)
+                        && tx.send(line).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                cursor = rv;
+            }
+            Err(too_old) => {
+                let failure = Failure::gone(format!(
+                    "too old resource version: {} ({})",
+                    too_old.requested, too_old.oldest
+                ));
+                let _ = tx.send(watch.wire("ERROR", &failure.status())).await;
+                return;
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tx.closed() => return,
+            _ = tokio::time::sleep_until(deadline) => return,
+            changed = latest.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = bookmark_timer.tick(), if watch.bookmarks => {
+                if tx.send(watch.bookmark(cursor, false)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
