@@ -1,6 +1,38 @@
-//! The local sandbox: simulated root and leaf clusters with the real relaylet between them.
+//! The local sandbox: simulated root and leaf clusters with the real relaylet between them,
+//! wired exactly as in a real install, ready for the user's own `kubectl`.
+//!
+//! - a root cluster whose apiserver prefers `InternalDNS` node addresses (the Kosmos setting)
+//!   and presents a kubelet client certificate, like kube-apiserver's `--kubelet-client-*`;
+//! - leaf clusters `leaf-1`, `leaf-2`, each with one node whose kubelet stand-in runs real
+//!   local processes;
+//! - relaylet configured by the same env vars as in a cluster (`AUTH_MODE=webhook`, a serving
+//!   certificate from files, the client CA read from the root), given the leaves as labelled
+//!   kubeconfig Secrets, with its own least-privilege identity in each cluster;
+//! - demo pods `demo-1` (leaf-1) and `demo-2` (leaf-2), container `main` logging a line a second
+//!   and serving HTTP on container port 8080, shown in the root on virtual nodes.
+//!
+//! Tests start the same thing through [`Sandbox::start`].
 
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use k8s_openapi::ByteString;
+use relaylet_sim::apiserver::{Policy, Rule};
+use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
+
+use crate::config::Config;
+use crate::shutdown::Shutdown;
+use crate::Running;
+
+/// The namespace relaylet runs in, in the root cluster.
+pub const RELAYLET_NAMESPACE: &str = "relaylet-system";
+/// relaylet's identity in the root cluster (its ServiceAccount in a real install).
+pub const RELAYLET_ROOT_USER: &str = "system:serviceaccount:relaylet-system:relaylet";
+/// relaylet's identity in each leaf cluster (the `deploy/` ServiceAccount).
+pub const RELAYLET_LEAF_USER: &str = "system:serviceaccount:relaylet-system:relaylet-leaf";
 
 /// Command-line options of `relaylet sandbox`.
 #[derive(Debug, Clone, Default)]
@@ -21,14 +53,361 @@ impl Options {
                         .ok_or_else(|| anyhow::anyhow!("--kubeconfig-out needs a path"))?;
                     options.kubeconfig_out = Some(path.into());
                 }
-                other => anyhow::bail!("unknown sandbox option {other:?}"),
+                other => anyhow::bail!("unknown sandbox option {other:?} (try --kubeconfig-out PATH)"),
             }
         }
         Ok(options)
     }
 }
 
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub leaves: Vec<String>,
+    /// Extra env vars for relaylet (e.g. a short `STREAM_IDLE_TIMEOUT` in tests).
+    pub env: BTreeMap<String, String>,
+    /// Extra pods to create in each leaf (and mirror in the root), besides the demo pods.
+    pub pods: Vec<(String, SimPod)>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            leaves: vec!["leaf-1".to_string(), "leaf-2".to_string()],
+            env: BTreeMap::new(),
+            pods: Vec::new(),
+        }
+    }
+}
+
+/// A running sandbox; everything stops when it is dropped.
+pub struct Sandbox {
+    pub root: Cluster,
+    pub leaves: HashMap<String, Cluster>,
+    pub relaylet: Running,
+    pub config: Config,
+    pub shutdown: Shutdown,
+    files: tempfile::TempDir,
+}
+
+impl Sandbox {
+    /// Starts root, leaves, relaylet and the pods, and waits until every virtual node is Ready.
+    pub async fn start(settings: Settings) -> anyhow::Result<Sandbox> {
+        let files = tempfile::Builder::new().prefix("relaylet-sandbox-").tempdir()?;
+        let mut root_options = ClusterOptions::new("root");
+        // Kosmos installs put InternalDNS first: the first address of that type is relaylet's.
+        root_options.preferred_address_types = ["InternalDNS", "InternalIP", "Hostname", "ExternalDNS", "ExternalIP"]
+            .map(String::from)
+            .to_vec();
+        root_options.policy = root_policy();
+        let root = Cluster::start(root_options).await.context("starting the root cluster")?;
+        let store = root.api.store();
+        store
+            .create_typed(&namespace(RELAYLET_NAMESPACE))
+            .map_err(|e| anyhow::anyhow!("creating namespace {RELAYLET_NAMESPACE}: {e}"))?;
+
+        let mut leaves = HashMap::new();
+        for name in &settings.leaves {
+            let mut options = ClusterOptions::new(name);
+            options.policy = leaf_policy();
+            let leaf = Cluster::start(options).await.with_context(|| format!("starting leaf {name}"))?;
+            leaf.add_node(&format!("{name}-node"))
+                .await
+                .with_context(|| format!("starting the node of leaf {name}"))?;
+            // The labelled kubeconfig Secret: exactly how a user adds a leaf.
+            let secret = Secret {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(format!("leaf-{name}")),
+                    namespace: Some(RELAYLET_NAMESPACE.to_string()),
+                    labels: Some(BTreeMap::from([(
+                        crate::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
+                        name.clone(),
+                    )])),
+                    ..Default::default()
+                },
+                data: Some(BTreeMap::from([(
+                    crate::leaf::KUBECONFIG_KEY.to_string(),
+                    ByteString(leaf.kubeconfig(RELAYLET_LEAF_USER, &[])?.into_bytes()),
+                )])),
+                ..Default::default()
+            };
+            store
+                .create_typed(&secret)
+                .map_err(|e| anyhow::anyhow!("creating the Secret of leaf {name}: {e}"))?;
+            leaves.insert(name.clone(), leaf);
+        }
+
+        // relaylet's serving certificate, as cert-manager or an operator would provide it.
+        let serving = root.ca.issue_server(&["127.0.0.1", "localhost"])?;
+        let cert_path = files.path().join("tls.crt");
+        let key_path = files.path().join("tls.key");
+        write_private(&cert_path, &serving.cert_pem)?;
+        write_private(&key_path, &serving.key_pem)?;
+
+        let port = free_port()?;
+        let mut env: BTreeMap<String, String> = BTreeMap::from([
+            ("LEAF_NODE_IP".into(), "127.0.0.1".into()),
+            ("NODE_SERVER_PORT".into(), port.to_string()),
+            ("PREFERRED-ADDRESS-TYPE".into(), "InternalDNS".into()),
+            ("AUTH_MODE".into(), "webhook".into()),
+            ("APISERVER_CERT_LOCATION".into(), cert_path.display().to_string()),
+            ("APISERVER_KEY_LOCATION".into(), key_path.display().to_string()),
+            ("POD_NAME".into(), "relaylet-0".into()),
+            ("POD_NAMESPACE".into(), RELAYLET_NAMESPACE.into()),
+        ]);
+        env.extend(settings.env.clone());
+        let config = Config::from_lookup(|name| env.get(name).cloned())?;
+        let root_client = kube_client(&root.kubeconfig(RELAYLET_ROOT_USER, &[])?).await?;
+        let shutdown = Shutdown::default();
+        let relaylet = crate::start(config.clone(), root_client, shutdown.clone())
+            .await
+            .context("starting relaylet")?;
+
+        let sandbox = Sandbox {
+            root,
+            leaves,
+            relaylet,
+            config,
+            shutdown,
+            files,
+        };
+        for (index, name) in settings.leaves.iter().enumerate() {
+            sandbox.add_pod(name, &demo_pod(&format!("demo-{}", index + 1))).await?;
+        }
+        for (leaf, pod) in &settings.pods {
+            sandbox.add_pod(leaf, pod).await?;
+        }
+        sandbox.wait_ready(Duration::from_secs(30)).await?;
+        Ok(sandbox)
+    }
+
+    /// Runs `pod` in leaf `leaf` and shows it in the root on the leaf's virtual node, as a
+    /// multi-cluster scheduler would.
+    pub async fn add_pod(&self, leaf: &str, pod: &SimPod) -> anyhow::Result<()> {
+        let cluster = self
+            .leaves
+            .get(leaf)
+            .ok_or_else(|| anyhow::anyhow!("no leaf {leaf} in the sandbox"))?;
+        cluster.add_pod(&format!("{leaf}-node"), pod).await?;
+        self.root.add_pod(&self.config.node_name(leaf), pod).await?;
+        Ok(())
+    }
+
+    /// Waits until every leaf's virtual node exists and is Ready.
+    async fn wait_ready(&self, within: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        for leaf in self.leaves.keys() {
+            let name = self.config.node_name(leaf);
+            loop {
+                let ready = self
+                    .root
+                    .api
+                    .store()
+                    .get_typed::<Node>("", &name)
+                    .ok()
+                    .and_then(|n| n.status?.conditions)
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                if ready {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    anyhow::bail!("virtual node {name} did not become Ready within {within:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes an admin kubeconfig for the root cluster to `path`.
+    pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        write_private(path, &self.root.admin_kubeconfig()?)
+    }
+
+    /// Where the sandbox keeps its files.
+    pub fn files(&self) -> &Path {
+        self.files.path()
+    }
+}
+
 /// Runs the sandbox until Ctrl-C.
-pub async fn run(_options: Options) -> anyhow::Result<()> {
-    anyhow::bail!("the sandbox is not ready yet: it lands with the relay issue")
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    let sandbox = Sandbox::start(Settings::default()).await?;
+    let path = match options.kubeconfig_out {
+        Some(path) => path,
+        None => default_kubeconfig_path(),
+    };
+    sandbox.write_kubeconfig(&path)?;
+    println!(
+        "relaylet sandbox ready: root apiserver {}, relaylet on {}, leaves {}",
+        sandbox.root.api.url(),
+        sandbox.relaylet.addr,
+        {
+            let mut names: Vec<_> = sandbox.leaves.keys().cloned().collect();
+            names.sort();
+            names.join(", ")
+        }
+    );
+    println!("  export KUBECONFIG={}", path.display());
+    println!("  kubectl get nodes -o wide; kubectl exec -it demo-1 -- sh; kubectl logs -f demo-2; kubectl port-forward demo-1 8080:8080");
+    println!("Ctrl-C stops everything.");
+    tokio::signal::ctrl_c().await?;
+    sandbox.shutdown.begin.cancel();
+    sandbox.shutdown.sessions.cancel();
+    Ok(())
+}
+
+fn default_kubeconfig_path() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    target.join("sandbox").join("kubeconfig")
+}
+
+/// The demo pod: logs a line a second and serves HTTP on container port 8080.
+pub fn demo_pod(name: &str) -> SimPod {
+    const APP: &str = r#"
+import datetime, http.server, os, sys, threading, time
+name = os.environ.get("POD_NAME", "demo")
+port = int(os.environ["PORT_8080"])
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("hello from %s\n" % name).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Hello)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+n = 0
+while True:
+    print("%s tick %d" % (name, n), flush=True)
+    n += 1
+    time.sleep(1)
+"#;
+    SimPod {
+        namespace: "default".to_string(),
+        name: name.to_string(),
+        labels: BTreeMap::from([("app".to_string(), "demo".to_string())]),
+        containers: vec![SimContainer {
+            name: "main".to_string(),
+            command: vec!["python3".into(), "-u".into(), "-c".into(), APP.into()],
+            env: vec![("POD_NAME".to_string(), name.to_string())],
+            ports: vec![8080],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// What relaylet may do in the root cluster: the chart's ClusterRole and Role.
+fn root_policy() -> Policy {
+    Policy::new(vec![
+        Rule::group("system:masters").verbs(&["*"]).api_groups(&["*"]).resources(&["*"]),
+        Rule::group("system:masters").verbs(&["*"]).non_resource_urls(&["*"]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["get", "list", "watch", "create", "patch", "update", "delete"])
+            .api_groups(&[""])
+            .resources(&["nodes"]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["patch", "update"])
+            .api_groups(&[""])
+            .resources(&["nodes/status"]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["get", "list", "watch"])
+            .api_groups(&[""])
+            .resources(&["pods"]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["get", "create", "update", "patch", "delete"])
+            .api_groups(&["coordination.k8s.io"])
+            .resources(&["leases"])
+            .namespaces(&["kube-node-lease", RELAYLET_NAMESPACE]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["get", "list", "watch"])
+            .api_groups(&[""])
+            .resources(&["secrets"])
+            .namespaces(&[RELAYLET_NAMESPACE]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["get"])
+            .api_groups(&[""])
+            .resources(&["configmaps"])
+            .names(&["extension-apiserver-authentication"])
+            .namespaces(&["kube-system"]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["create"])
+            .api_groups(&["authentication.k8s.io"])
+            .resources(&["tokenreviews"]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["create"])
+            .api_groups(&["authorization.k8s.io"])
+            .resources(&["subjectaccessreviews"]),
+        Rule::user(RELAYLET_ROOT_USER)
+            .verbs(&["get"])
+            .non_resource_urls(&["/api", "/api/*", "/apis", "/apis/*", "/version"]),
+    ])
+}
+
+/// What relaylet may do in a leaf cluster: `deploy/`'s leaf ClusterRole.
+fn leaf_policy() -> Policy {
+    Policy::new(vec![
+        Rule::group("system:masters").verbs(&["*"]).api_groups(&["*"]).resources(&["*"]),
+        Rule::group("system:masters").verbs(&["*"]).non_resource_urls(&["*"]),
+        Rule::user(RELAYLET_LEAF_USER)
+            .verbs(&["get", "list", "watch"])
+            .api_groups(&[""])
+            .resources(&["pods", "nodes"]),
+        Rule::user(RELAYLET_LEAF_USER)
+            .verbs(&["create", "get"])
+            .api_groups(&[""])
+            .resources(&["pods/exec", "pods/attach", "pods/portforward"]),
+        Rule::user(RELAYLET_LEAF_USER)
+            .verbs(&["get"])
+            .api_groups(&[""])
+            .resources(&["pods/log"]),
+        Rule::user(RELAYLET_LEAF_USER)
+            .verbs(&["get"])
+            .non_resource_urls(&["/readyz", "/version", "/api", "/api/*", "/apis", "/apis/*"]),
+    ])
+}
+
+fn namespace(name: &str) -> Namespace {
+    Namespace {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A kube client from kubeconfig text.
+pub async fn kube_client(kubeconfig: &str) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(contents.as_bytes())?;
+    Ok(())
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }

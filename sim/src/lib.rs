@@ -7,6 +7,7 @@
 
 pub mod apiserver;
 pub mod channel;
+pub mod cluster;
 pub mod kubelet;
 pub mod kubelet_proxy;
 pub mod serve;

@@ -1,0 +1,371 @@
+//! End to end with real `kubectl` binaries: kubectl -> root apiserver stand-in -> relaylet (as
+//! the virtual node's kubelet) -> leaf apiserver stand-in -> leaf kubelet stand-in -> a real
+//! local process. kubectl 1.27 speaks SPDY only; 1.33 and 1.35 try WebSocket v5 first (the root
+//! stand-in translates it to SPDY towards relaylet, as kube-apiserver does), and are also run with
+//! WebSockets turned off.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use relaylet::sandbox::Settings;
+use relaylet_sim::cluster::{SimContainer, SimPod};
+use support::{Run, describe, env, kubectls, text};
+
+/// A pod whose main process answers each stdin line, for attach.
+fn echo_pod() -> SimPod {
+    SimPod {
+        namespace: "default".into(),
+        name: "echo".into(),
+        containers: vec![SimContainer {
+            name: "main".into(),
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                "while read line; do echo \"got $line\"; done".into(),
+            ],
+            stdin: true,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        pods: vec![("leaf-2".into(), echo_pod())],
+        ..Settings::default()
+    }
+}
+
+/// Every kubectl version, with its default protocol and with WebSockets off.
+fn variants() -> Vec<(relaylet_sim::tools::Kubectl, bool)> {
+    let mut out = Vec::new();
+    for k in kubectls() {
+        if k.websocket_first() {
+            out.push((k.clone(), true));
+        }
+        out.push((k, false));
+    }
+    out
+}
+
+fn run<'a>(k: &'a relaylet_sim::tools::Kubectl, spdy: bool, kubeconfig: &'a std::path::Path, args: &[&str]) -> Run<'a> {
+    let r = Run::new(k, kubeconfig, args);
+    if spdy { r.spdy_only() } else { r }
+}
+
+#[test]
+fn exec_output_stderr_split_and_exit_codes() {
+    let e = env(settings);
+    for (k, spdy) in variants() {
+        let out = run(&k, spdy, &e.kubeconfig, &["exec", "demo-1", "-c", "main", "--", "sh", "-c", "echo out; echo err >&2; exit 3"]).output();
+        let what = format!("{} spdy={spdy}", describe(&k, &out));
+        assert_eq!(text(&out.stdout), "out\n", "{what}");
+        assert!(text(&out.stderr).contains("err\n"), "{what}");
+        assert!(!text(&out.stdout).contains("err"), "{what}");
+        assert_eq!(out.status.code(), Some(3), "{what}");
+
+        let out = run(&k, spdy, &e.kubeconfig, &["exec", "demo-2", "--", "sh", "-c", "echo fine"]).output();
+        assert_eq!((out.status.code(), text(&out.stdout).as_str()), (Some(0), "fine\n"), "{}", describe(&k, &out));
+
+        let out = run(&k, spdy, &e.kubeconfig, &["exec", "demo-1", "--", "sh", "-c", "exit 127"]).output();
+        assert_eq!(out.status.code(), Some(127), "{}", describe(&k, &out));
+    }
+}
+
+#[test]
+fn exec_stdin_reaches_the_process_and_eof_ends_it() {
+    let e = env(settings);
+    for (k, spdy) in variants() {
+        let out = run(&k, spdy, &e.kubeconfig, &["exec", "-i", "demo-2", "--", "sh", "-c", "cat; echo done"])
+            .stdin(b"hello from stdin\nsecond line\n")
+            .output();
+        assert_eq!(
+            text(&out.stdout),
+            "hello from stdin\nsecond line\ndone\n",
+            "{} spdy={spdy}",
+            describe(&k, &out)
+        );
+        assert_eq!(out.status.code(), Some(0));
+    }
+}
+
+/// Drives kubectl under a real PTY (python's pty module), resizes it mid-session, and checks the
+/// remote `stty size` sees both sizes.
+#[test]
+fn exec_tty_gets_initial_size_and_resize() {
+    const DRIVER: &str = r#"
+import fcntl, os, pty, select, struct, sys, termios, time
+def setsize(fd, rows, cols):
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+setsize(fd, 40, 100)
+out = b""
+resized = False
+deadline = time.time() + 40
+while time.time() < deadline:
+    r, _, _ = select.select([fd], [], [], 0.2)
+    if r:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    if not resized and b"40 100" in out:
+        setsize(fd, 50, 132)
+        time.sleep(0.5)
+        os.write(fd, b"go\r")
+        resized = True
+_, status = os.waitpid(pid, 0)
+sys.stdout.write(out.decode("utf-8", "replace"))
+sys.exit(os.waitstatus_to_exitcode(status))
+"#;
+    let e = env(settings);
+    for (k, spdy) in variants() {
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", DRIVER, k.path.to_str().unwrap(), "exec", "-it", "demo-1", "--", "sh", "-c", "stty size; read x; stty size; exit 5"])
+            .env("KUBECONFIG", &e.kubeconfig)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if spdy {
+            cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
+        }
+        let out = cmd.output().expect("python3 pty driver runs");
+        let got = text(&out.stdout);
+        assert!(got.contains("40 100"), "initial size: kubectl {} spdy={spdy}: {got:?} {}", k.version, text(&out.stderr));
+        assert!(got.contains("50 132"), "resized: kubectl {} spdy={spdy}: {got:?}", k.version);
+        assert_eq!(out.status.code(), Some(5), "kubectl {} spdy={spdy}: {got:?}", k.version);
+    }
+}
+
+#[test]
+fn attach_sends_stdin_to_the_main_process_and_streams_its_output() {
+    let e = env(settings);
+    for (k, spdy) in variants() {
+        let marker = format!("attach-{}-{spdy}", k.version);
+        let mut cmd = run(&k, spdy, &e.kubeconfig, &["attach", "-i", "echo", "-c", "main"]).command();
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl attach runs");
+        let mut stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let done = line.contains("stop");
+                lines.push(line);
+                if done {
+                    break;
+                }
+            }
+            lines
+        });
+        // Attach is live: give kubectl time to connect before the first line.
+        std::thread::sleep(Duration::from_secs(2));
+        use std::io::Write;
+        writeln!(stdin, "{marker}").unwrap();
+        writeln!(stdin, "stop").unwrap();
+        stdin.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !reader.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let lines = reader.join().unwrap();
+        assert!(lines.iter().any(|l| l == &format!("got {marker}")), "kubectl {} spdy={spdy}: {lines:?}", k.version);
+    }
+}
+
+#[test]
+fn port_forward_carries_http_to_the_pod() {
+    let e = env(settings);
+    for k in kubectls() {
+        for ws_off in [false, true] {
+            let mut r = Run::new(&k, &e.kubeconfig, &["port-forward", "pod/demo-1", ":8080"]);
+            if ws_off {
+                r.env.push(("KUBECTL_PORT_FORWARD_WEBSOCKETS".into(), "false".into()));
+            }
+            let mut cmd = r.command();
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+            let mut child = cmd.spawn().expect("kubectl port-forward runs");
+            let mut stdout = BufReader::new(child.stdout.take().unwrap());
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            // "Forwarding from 127.0.0.1:41234 -> 8080"
+            let port: u16 = line
+                .split_whitespace()
+                .nth(2)
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("kubectl {}: unexpected port-forward output {line:?}", k.version));
+            for attempt in 0..3 {
+                let body = http_get(port);
+                assert_eq!(body.as_deref(), Some("hello from demo-1\n"), "kubectl {} ws_off={ws_off} attempt {attempt}", k.version);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn http_get(port: u16) -> Option<String> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    write!(s, "GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    resp.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+}
+
+#[test]
+fn logs_with_every_option() {
+    let e = env(settings);
+    // The demo pod prints a line a second; let a few accumulate.
+    std::thread::sleep(Duration::from_secs(4));
+    for k in kubectls() {
+        let logs = |args: &[&str]| {
+            let mut all = vec!["logs", "demo-2", "-c", "main"];
+            all.extend_from_slice(args);
+            Run::new(&k, &e.kubeconfig, &all).output()
+        };
+        let out = logs(&[]);
+        let full = text(&out.stdout);
+        assert!(full.lines().count() >= 3 && full.lines().all(|l| l.starts_with("demo-2 tick ")), "{}", describe(&k, &out));
+
+        let out = logs(&["--tail=2"]);
+        assert_eq!(text(&out.stdout).lines().count(), 2, "{}", describe(&k, &out));
+
+        let out = logs(&["--timestamps", "--tail=1"]);
+        let line = text(&out.stdout);
+        let (stamp, rest) = line.split_once(' ').expect("timestamped line");
+        assert!(stamp.parse::<k8s_openapi::jiff::Timestamp>().is_ok(), "{line:?}");
+        assert!(rest.starts_with("demo-2 tick "), "{line:?}");
+
+        let out = logs(&["--limit-bytes=7"]);
+        assert_eq!(text(&out.stdout), "demo-2 ", "{}", describe(&k, &out));
+
+        let out = logs(&["--since=2s"]);
+        let recent = text(&out.stdout).lines().count();
+        assert!(recent >= 1 && recent <= 3, "since=2s gave {recent} lines: {}", describe(&k, &out));
+
+        let since_time = (k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(2)).to_string();
+        let out = logs(&[&format!("--since-time={since_time}")]);
+        let recent = text(&out.stdout).lines().count();
+        assert!(recent >= 1 && recent <= 3, "since-time gave {recent} lines: {}", describe(&k, &out));
+
+        // A bad option is the leaf's error, passed through.
+        let out = logs(&["--tail=-5"]);
+        assert!(out.status.success() || !text(&out.stderr).is_empty());
+    }
+}
+
+#[test]
+fn logs_previous_shows_the_last_instance() {
+    let e = env(settings);
+    let k = &kubectls()[2];
+    let out = Run::new(k, &e.kubeconfig, &["logs", "--previous", "demo-1"]).output();
+    assert!(!out.status.success(), "no previous instance yet: {}", describe(k, &out));
+    assert!(text(&out.stderr).contains("previous terminated container"), "{}", describe(k, &out));
+    std::thread::sleep(Duration::from_secs(2));
+    let leaf = &e.sandbox.leaves["leaf-1"];
+    support::RT
+        .block_on(leaf.kubelet("leaf-1-node").unwrap().restart_container("default", "demo-1", "main"))
+        .expect("restart");
+    let out = Run::new(k, &e.kubeconfig, &["logs", "--previous", "demo-1"]).output();
+    assert!(out.status.success(), "{}", describe(k, &out));
+    assert!(text(&out.stdout).contains("demo-1 tick 0\n"), "{}", describe(k, &out));
+}
+
+/// `logs -f` streams until kubectl is killed; the leaf's log request closes with it.
+#[test]
+fn logs_follow_streams_and_stops_with_the_client() {
+    let e = env(settings);
+    let k = &kubectls()[1];
+    let mut cmd = Run::new(k, &e.kubeconfig, &["logs", "-f", "--tail=1", "demo-2"]).command();
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null()).stdin(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        seen.push(line);
+    }
+    assert!(seen.iter().all(|l| l.starts_with("demo-2 tick ")), "{seen:?}");
+    let numbers: Vec<u64> = seen.iter().filter_map(|l| l.trim().rsplit(' ').next()?.parse().ok()).collect();
+    assert!(numbers.windows(2).all(|w| w[1] == w[0] + 1), "consecutive lines as they are written: {numbers:?}");
+    let kubelet = e.sandbox.leaves["leaf-2"].kubelet("leaf-2-node").unwrap();
+    assert!(kubelet.open_log_streams() >= 1);
+    child.kill().unwrap();
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while kubelet.open_log_streams() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(kubelet.open_log_streams(), 0, "the leaf's follow request closed after kubectl died");
+}
+
+/// Killing kubectl mid-session ends the process in the leaf within a second.
+#[test]
+fn killed_client_ends_the_leaf_session_within_a_second() {
+    let e = env(settings);
+    for (k, spdy) in variants() {
+        let marker = format!("{}", 7000 + k.minor() * 2 + u32::from(spdy));
+        let mut cmd = run(&k, spdy, &e.kubeconfig, &["exec", "demo-1", "--", "sleep", &marker]).command();
+        cmd.stdout(Stdio::null()).stderr(Stdio::null()).stdin(Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !sleep_running(&marker) {
+            assert!(Instant::now() < deadline, "kubectl {} spdy={spdy}: the remote sleep never started", k.version);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.kill().unwrap();
+        let _ = child.wait();
+        let killed_at = Instant::now();
+        while sleep_running(&marker) {
+            assert!(
+                killed_at.elapsed() < Duration::from_secs(1),
+                "kubectl {} spdy={spdy}: leaf process still running 1 s after the client died",
+                k.version
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Whether a `sleep <marker>` process is alive on this machine.
+fn sleep_running(marker: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    entries.flatten().any(|entry| {
+        std::fs::read(entry.path().join("cmdline"))
+            .map(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.first().is_some_and(|a| a.ends_with(b"sleep")) && args.get(1) == Some(&marker.as_bytes())
+            })
+            .unwrap_or(false)
+            && !std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|s| s.contains(") Z "))
+    })
+}
+
+#[test]
+fn get_and_describe_show_virtual_nodes_and_pods() {
+    let e = env(settings);
+    let k = &kubectls()[2];
+    let out = Run::new(k, &e.kubeconfig, &["get", "nodes", "-o", "wide"]).output();
+    let table = text(&out.stdout);
+    assert!(table.contains("relaylet-leaf-1") && table.contains("relaylet-leaf-2"), "{}", describe(k, &out));
+    assert!(table.contains("Ready"), "{table}");
+    let out = Run::new(k, &e.kubeconfig, &["describe", "node", "relaylet-leaf-1"]).output();
+    let d = text(&out.stdout);
+    assert!(d.contains("LeafReady") && d.contains("virtual-kubelet.io/provider=relaylet:NoSchedule"), "{d}");
+    let out = Run::new(k, &e.kubeconfig, &["get", "pods", "-o", "wide"]).output();
+    assert!(text(&out.stdout).contains("relaylet-leaf-2"), "{}", describe(k, &out));
+}

@@ -1,0 +1,135 @@
+//! Shared test support: one sandbox per test binary (root and leaf stand-ins plus relaylet, as
+//! `relaylet sandbox` starts them) and helpers to run real `kubectl` binaries against it.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use relaylet::sandbox::{Sandbox, Settings};
+use relaylet_sim::tools::Kubectl;
+use tokio::runtime::Runtime;
+
+/// A runtime that outlives every test in the binary, so the sandbox's servers stay up.
+pub static RT: LazyLock<Runtime> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("test runtime")
+});
+
+/// A started sandbox and the path of its root admin kubeconfig.
+pub struct Env {
+    pub sandbox: Sandbox,
+    pub kubeconfig: PathBuf,
+}
+
+/// Starts the binary's sandbox with `settings` once; later calls return the same one.
+pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
+    static ENV: std::sync::OnceLock<Env> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let settings = settings();
+        RT.block_on(async {
+            let sandbox = Sandbox::start(settings).await.expect("sandbox starts");
+            let kubeconfig = sandbox.files().join("root-admin.kubeconfig");
+            sandbox.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
+            Env { sandbox, kubeconfig }
+        })
+    })
+}
+
+/// The kubectl versions the end-to-end tests use: an old SPDY-only one, a WebSocket-first one
+/// from the machine, and the pinned newest.
+pub fn kubectls() -> Vec<Kubectl> {
+    ["1.27", "1.33", "1.35"]
+        .iter()
+        .map(|v| relaylet_sim::tools::kubectl(v).unwrap_or_else(|| panic!("kubectl {v} is not available: run tests/tools/install.sh")))
+        .collect()
+}
+
+/// How to run one kubectl command.
+pub struct Run<'a> {
+    pub kubectl: &'a Kubectl,
+    pub kubeconfig: &'a Path,
+    pub args: Vec<String>,
+    pub stdin: Option<Vec<u8>>,
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
+}
+
+impl<'a> Run<'a> {
+    pub fn new(kubectl: &'a Kubectl, kubeconfig: &'a Path, args: &[&str]) -> Run<'a> {
+        Run {
+            kubectl,
+            kubeconfig,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            stdin: None,
+            env: Vec::new(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    pub fn stdin(mut self, data: &[u8]) -> Self {
+        self.stdin = Some(data.to_vec());
+        self
+    }
+
+    pub fn spdy_only(mut self) -> Self {
+        self.env.push(("KUBECTL_REMOTE_COMMAND_WEBSOCKETS".into(), "false".into()));
+        self.env.push(("KUBECTL_PORT_FORWARD_WEBSOCKETS".into(), "false".into()));
+        self
+    }
+
+    pub fn command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.kubectl.path);
+        cmd.args(&self.args)
+            .env("KUBECONFIG", self.kubeconfig)
+            .env("HOME", self.kubeconfig.parent().unwrap_or(Path::new("/tmp")))
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// Runs to completion (killed at the timeout).
+    pub fn output(self) -> Output {
+        use std::io::Write;
+        let mut cmd = self.command();
+        cmd.stdin(if self.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl runs");
+        if let Some(data) = &self.stdin {
+            let mut stdin = child.stdin.take().expect("stdin");
+            stdin.write_all(data).expect("write stdin");
+        }
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            if child.try_wait().expect("wait").is_some() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().expect("kubectl output")
+    }
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Describes a kubectl run for assertion messages.
+pub fn describe(k: &Kubectl, out: &Output) -> String {
+    format!(
+        "kubectl {}: status {:?}\nstdout: {}\nstderr: {}",
+        k.version,
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
