@@ -154,6 +154,21 @@ pub struct Incoming {
     streams: mpsc::Receiver<Stream>,
 }
 
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("role", &self.shared.role)
+            .field("closed", &self.shared.is_closed())
+            .finish()
+    }
+}
+
 impl Incoming {
     /// The next peer-opened stream, or `None` once the connection is gone.
     pub async fn next(&mut self) -> Option<Stream> {
