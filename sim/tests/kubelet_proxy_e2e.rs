@@ -65,10 +65,17 @@ fn pod() -> Pod {
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "main".into(),
-                ..Container::default()
-            }],
+            // "ghost" exists for the apiserver but not on the kubelet.
+            containers: vec![
+                Container {
+                    name: "main".into(),
+                    ..Container::default()
+                },
+                Container {
+                    name: "ghost".into(),
+                    ..Container::default()
+                },
+            ],
             node_name: Some("node-a".into()),
             ..PodSpec::default()
         }),
@@ -284,7 +291,7 @@ async fn v5_tty_resize_reaches_the_pty() {
     let e = env("tty").await;
     let (mut ws, _) = e
         .websocket(
-            "/api/v1/namespaces/default/pods/web/exec?command=sh&command=-c&command=sleep+0.5%3B+stty+size&stdout=true&tty=true",
+            "/api/v1/namespaces/default/pods/web/exec?container=main&command=sh&command=-c&command=sleep+0.5%3B+stty+size&stdout=true&tty=true",
             "v5.channel.k8s.io",
         )
         .await;
@@ -315,7 +322,7 @@ async fn v5_tty_resize_reaches_the_pty() {
 async fn spdy_exec_passes_through_to_a_real_process() {
     let e = env("spdy").await;
     let url = e.url(
-        "/api/v1/namespaces/default/pods/web/exec?command=sh&command=-c&command=echo+out%3B+exit+4&stdout=true&stderr=true",
+        "/api/v1/namespaces/default/pods/web/exec?container=main&command=sh&command=-c&command=echo+out%3B+exit+4&stdout=true&stderr=true",
     );
     let (protocol, conn, _incoming) = timeout(
         T,
@@ -479,7 +486,7 @@ async fn logs_follow_through_the_proxy() {
             .await
             .expect("handshake");
     let driver = tokio::spawn(conn);
-    let req = Request::get("/api/v1/namespaces/default/pods/web/log?follow=true&timestamps=true")
+    let req = Request::get("/api/v1/namespaces/default/pods/web/log?container=main&follow=true&timestamps=true")
         .header(header::HOST, "127.0.0.1")
         .body(http_body_util::Empty::<Bytes>::new())
         .expect("request");
@@ -508,4 +515,43 @@ async fn logs_follow_through_the_proxy() {
     assert!(line.starts_with("tick "), "{first}");
     drop(body);
     driver.abort();
+}
+
+#[tokio::test]
+async fn v5_kubelet_refusal_arrives_as_a_status_after_the_websocket_opened() {
+    let e = env("refused").await;
+    let (mut ws, response) = e
+        .websocket(
+            "/api/v1/namespaces/default/pods/web/exec?container=ghost&command=true&stdout=true",
+            "v5.channel.k8s.io",
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+    let mut messages = Vec::new();
+    let mut closed_normally = false;
+    while let Some(Ok(msg)) = timeout(T, ws.next()).await.expect("in time") {
+        if let Message::Close(frame) = &msg {
+            closed_normally = frame.as_ref().map(|f| u16::from(f.code)) == Some(1000);
+            continue;
+        }
+        if let Some(m) = channel::decode(Protocol::V5, &msg).expect("v5") {
+            messages.push(m);
+        }
+    }
+    assert!(closed_normally, "the translator closes with 1000");
+    let status = messages
+        .iter()
+        .find_map(|m| match m {
+            ChannelMessage::Data { channel: 3, data } => Some(data.clone()),
+            _ => None,
+        })
+        .expect("a Status on the error channel");
+    let status: serde_json::Value = serde_json::from_slice(&status).expect("json");
+    assert_eq!(status["status"], "Failure", "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ghost")),
+        "the kubelet's reason reaches the client: {status}"
+    );
 }
