@@ -200,9 +200,24 @@ impl KubeletClient {
         node: &Node,
         sub: PodSubresource,
     ) -> Response {
-        match self.proxy_pod_inner(req, pod, node, sub).await {
+        use tracing::Instrument;
+        let span = tracing::debug_span!(
+            "kubelet_proxy",
+            namespace = pod.metadata.namespace.as_deref().unwrap_or(""),
+            pod = pod.metadata.name.as_deref().unwrap_or(""),
+            node = node.metadata.name.as_deref().unwrap_or(""),
+            subresource = ?sub,
+        );
+        match self
+            .proxy_pod_inner(req, pod, node, sub)
+            .instrument(span)
+            .await
+        {
             Ok(response) => response,
-            Err(err) => err.into_response(),
+            Err(err) => {
+                tracing::debug!(%err, "kubelet proxy refused the request");
+                err.into_response()
+            }
         }
     }
 
@@ -214,12 +229,6 @@ impl KubeletClient {
         sub: PodSubresource,
     ) -> Result<Response, ProxyError> {
         let query = Query::parse(req.uri().query());
-        let pod_ref = format!(
-            "{}/{}",
-            pod.metadata.namespace.as_deref().unwrap_or(""),
-            pod.metadata.name.as_deref().unwrap_or("")
-        );
-        tracing::debug!(pod = %pod_ref, ?sub, "proxying to the kubelet");
         match sub {
             PodSubresource::Log => {
                 let Some(target) = location::log_target(pod, &query)? else {

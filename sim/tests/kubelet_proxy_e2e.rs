@@ -486,10 +486,12 @@ async fn logs_follow_through_the_proxy() {
             .await
             .expect("handshake");
     let driver = tokio::spawn(conn);
-    let req = Request::get("/api/v1/namespaces/default/pods/web/log?container=main&follow=true&timestamps=true")
-        .header(header::HOST, "127.0.0.1")
-        .body(http_body_util::Empty::<Bytes>::new())
-        .expect("request");
+    let req = Request::get(
+        "/api/v1/namespaces/default/pods/web/log?container=main&follow=true&timestamps=true",
+    )
+    .header(header::HOST, "127.0.0.1")
+    .body(http_body_util::Empty::<Bytes>::new())
+    .expect("request");
     let response = timeout(T, sender.send_request(req))
         .await
         .expect("in time")
