@@ -236,7 +236,8 @@ impl KubeletClient {
                     return Ok(text_response(Body::empty()));
                 };
                 let backend = self.backend(node)?;
-                Ok(logs(&backend, req, &target.path_and_query()).await)
+                let name = pod.metadata.name.as_deref().unwrap_or("");
+                Ok(logs(&backend, req, &target.path_and_query(), name).await)
             }
             PodSubresource::Exec | PodSubresource::Attach => {
                 let verb = if sub == PodSubresource::Exec {
@@ -314,7 +315,12 @@ fn text_response(body: Body) -> Response {
 
 /// `LocationStreamer` with the pods/log response checker: a GET to the kubelet whose body is
 /// streamed back chunk by chunk as `text/plain`; kubelet errors become Status errors.
-async fn logs(backend: &Backend, req: Request<Body>, path_and_query: &str) -> Response {
+async fn logs(
+    backend: &Backend,
+    req: Request<Body>,
+    path_and_query: &str,
+    pod_name: &str,
+) -> Response {
     let url = backend.url(path_and_query);
     let mut sender = match backend.connect().await {
         Ok(sender) => sender,
@@ -340,18 +346,100 @@ async fn logs(backend: &Backend, req: Request<Body>, path_and_query: &str) -> Re
     };
     let status = response.status();
     if !(200..=206).contains(&status.as_u16()) {
-        use http_body_util::BodyExt;
         // The checker reads at most 50000 bytes of the error.
-        let limited = http_body_util::Limited::new(response.into_body(), 50_000);
-        let body = match limited.collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(_) => bytes::Bytes::new(),
-        };
-        let text = String::from_utf8_lossy(&body).into_owned();
-        return match status.as_u16() {
-            500 => ProxyError::Internal(format!("Internal error occurred: {text}")).into_response(),
-            _ => crate::status::response(status, text),
-        };
+        let body = read_prefix(response.into_body(), 50_000).await;
+        return log_error(status, &String::from_utf8_lossy(&body), pod_name);
     }
     text_response(Body::new(response.into_body()))
+}
+
+/// Up to `limit` bytes of a body (like Go's `io.LimitReader`), however long the body is.
+async fn read_prefix(mut body: hyper::body::Incoming, limit: usize) -> Vec<u8> {
+    use http_body_util::BodyExt;
+    let mut out = Vec::new();
+    while out.len() < limit {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    let take = data.len().min(limit - out.len());
+                    out.extend_from_slice(&data[..take]);
+                }
+            }
+            Some(Err(_)) | None => break,
+        }
+    }
+    out
+}
+
+/// `GenericHttpResponseChecker` for `pods/log`: a kubelet error becomes the Status the
+/// apiserver returns (`NewInternalError` for 500, `NewBadRequest` for 400, otherwise
+/// `NewGenericServerResponse` naming `pods/log` and the pod).
+fn log_error(status: StatusCode, body: &str, pod_name: &str) -> Response {
+    let code = status.as_u16();
+    let value = match code {
+        500 => serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("Internal error occurred: {body}"),
+            "reason": "InternalError",
+            "details": {"causes": [{"message": body}]},
+            "code": 500,
+        }),
+        400 => serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": body, "reason": "BadRequest", "code": 400,
+        }),
+        _ => {
+            let (reason, message) = match code {
+                409 => ("Conflict", "the server reported a conflict".to_string()),
+                404 => (
+                    "NotFound",
+                    "the server could not find the requested resource".to_string(),
+                ),
+                401 => (
+                    "Unauthorized",
+                    "the server has asked for the client to provide credentials".to_string(),
+                ),
+                403 => ("Forbidden", body.to_string()),
+                405 => (
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource".to_string(),
+                ),
+                422 => (
+                    "Invalid",
+                    "the server rejected our request due to an error in our request".to_string(),
+                ),
+                504 => (
+                    "Timeout",
+                    "the server was unable to return a response in the time allotted, but may still be processing the request".to_string(),
+                ),
+                429 => (
+                    "TooManyRequests",
+                    "the server has received too many requests and has asked us to try again later".to_string(),
+                ),
+                c if c >= 500 => (
+                    "InternalError",
+                    format!("an error on the server ({body:?}) has prevented the request from succeeding"),
+                ),
+                c => (
+                    "Unknown",
+                    format!("the server responded with the status code {c} but did not return more information"),
+                ),
+            };
+            serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                // The checker passes an empty verb, hence the double space upstream prints too.
+                "message": format!("{message} ( pods/log {pod_name})"),
+                "reason": reason,
+                "details": {"name": pod_name, "kind": "pods/log"},
+                "code": code,
+            })
+        }
+    };
+    let mut response = Response::new(Body::from(value.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }

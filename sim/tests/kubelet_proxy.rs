@@ -456,10 +456,11 @@ async fn api_pod(
         "log" => PodSubresource::Log,
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
-    let pod = if name == "multi" {
-        test_pod(&["a", "b"])
-    } else {
-        test_pod(&["main"])
+    let pod = match name.as_str() {
+        "multi" => test_pod(&["a", "b"]),
+        // The apiserver knows a container "missing" the kubelet has never heard of.
+        "gone" => test_pod(&["main", "missing"]),
+        _ => test_pod(&["main"]),
     };
     api.client.proxy_pod(req, &pod, &api.node, sub).await
 }
@@ -1147,11 +1148,25 @@ async fn bad_requests_never_reach_the_kubelet() {
 #[tokio::test]
 async fn kubelet_log_errors_become_status_errors() {
     let c = cluster().await;
-    // The pod has one container "main"; asking for "missing" fails validation before the kubelet.
+    // "missing" is not a container of pod "web": rejected before the kubelet.
     let (status, _, _) = c
         .get("/api/v1/namespaces/ns1/pods/web/log?container=missing")
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(c.seen.requests.lock().expect("lock").is_empty());
+    // Pod "gone" has a container "missing" that the kubelet does not know: its 404 text
+    // becomes the apiserver's NotFound Status.
+    let (status, _, body) = c
+        .get("/api/v1/namespaces/ns1/pods/gone/log?container=missing")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("status");
+    assert_eq!(body["reason"], "NotFound");
+    assert_eq!(
+        body["message"],
+        "the server could not find the requested resource ( pods/log web)"
+    );
+    assert_eq!(body["details"]["kind"], "pods/log");
     let (status, headers, body) = c.get("/api/v1/namespaces/ns1/pods/web/log").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
