@@ -11,7 +11,8 @@
 //! - the container is defaulted and validated and the query translated to the kubelet's names;
 //! - SPDY and WebSocket v1-v4 upgrades are relayed byte for byte, WebSocket `v5.channel.k8s.io`
 //!   exec/attach is translated to SPDY ([`translator`]), and port-forward WebSockets offering
-//!   `SPDY/3.1+portforward.k8s.io` are tunnelled ([`tunnel`]);
+//!   `SPDY/3.1+portforward.k8s.io` are tunnelled ([`tunnel`]) - unless the node declares
+//!   `ExtendWebSocketsToKubelet` (1.36), then WebSockets are relayed to the kubelet as well;
 //! - logs are a plain streamed GET body that stops when the client goes.
 //!
 //! relaylet sits exactly where the kubelet would, so these details decide whether the tests
@@ -55,7 +56,14 @@ pub struct KubeletClient {
     pub default_port: u16,
     /// The apiserver's kubelet client certificate and the trust it has in kubelets.
     pub tls: Arc<rustls::ClientConfig>,
+    /// The `ExtendWebSocketsToKubelet` gate (beta, on by default in 1.36): WebSockets go to
+    /// kubelets whose Node declares the feature untouched, instead of being translated (v5
+    /// exec/attach) or tunnelled (port-forward) here.
+    pub extend_websockets_to_kubelet: bool,
 }
+
+/// The node-declared feature that lets WebSockets through to the kubelet.
+pub const EXTEND_WEBSOCKETS_TO_KUBELET: &str = "ExtendWebSocketsToKubelet";
 
 /// The pod subresources that reach the kubelet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +145,19 @@ impl KubeletClient {
                 .collect(),
             default_port: DEFAULT_KUBELET_PORT,
             tls,
+            extend_websockets_to_kubelet: true,
         }
+    }
+
+    /// Whether WebSockets for this node go straight to its kubelet: the gate is on and the
+    /// node lists the feature in `status.declaredFeatures` (`checkNodeSupportsWebsockets`).
+    pub fn websockets_reach_kubelet(&self, node: &Node) -> bool {
+        self.extend_websockets_to_kubelet
+            && node
+                .status
+                .as_ref()
+                .and_then(|s| s.declared_features.as_ref())
+                .is_some_and(|f| f.iter().any(|f| f == EXTEND_WEBSOCKETS_TO_KUBELET))
     }
 
     /// node -> (host, port) exactly as kube-apiserver picks: for each preferred type in order,
@@ -247,7 +267,8 @@ impl KubeletClient {
                 };
                 let (target, options) = location::stream_target(pod, &query, verb)?;
                 let backend = self.backend(node)?;
-                if translator::is_v5_request(req.headers()) {
+                if translator::is_v5_request(req.headers()) && !self.websockets_reach_kubelet(node)
+                {
                     return Ok(translator::translate(backend, req, target, options));
                 }
                 upgrade_required(&req)?;
@@ -256,7 +277,8 @@ impl KubeletClient {
             PodSubresource::PortForward => {
                 let target = location::port_forward_target(pod, &query)?;
                 let backend = self.backend(node)?;
-                if tunnel::is_tunnel_request(req.headers()) {
+                if tunnel::is_tunnel_request(req.headers()) && !self.websockets_reach_kubelet(node)
+                {
                     return Ok(tunnel::tunnel(&backend, req, &target.path_and_query()).await);
                 }
                 upgrade_required(&req)?;

@@ -114,6 +114,11 @@ async fn echo_server() -> SocketAddr {
 }
 
 async fn env(test: &str) -> Env {
+    env_with(test, &[]).await
+}
+
+/// An environment whose Node declares `features`.
+async fn env_with(test: &str, features: &[&str]) -> Env {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let ca = Ca::new("e2e-ca").expect("ca");
     let data_dir =
@@ -165,6 +170,7 @@ async fn env(test: &str) -> Env {
                     port: i32::from(kubelet.addr.port()),
                 }),
             }),
+            declared_features: Some(features.iter().map(|f| f.to_string()).collect()),
             ..NodeStatus::default()
         }),
     };
@@ -555,5 +561,44 @@ async fn v5_kubelet_refusal_arrives_as_a_status_after_the_websocket_opened() {
             .as_str()
             .is_some_and(|m| m.contains("ghost")),
         "the kubelet's reason reaches the client: {status}"
+    );
+}
+
+#[tokio::test]
+async fn kube_rs_v5_exec_straight_to_a_kubelet_declaring_websockets() {
+    let e = env_with("direct", &["ExtendWebSocketsToKubelet"]).await;
+    let params = kube::api::AttachParams::default()
+        .container("main")
+        .stdin(true)
+        .stdout(true)
+        .stderr(false);
+    let mut attached = timeout(
+        T,
+        e.kube().exec(
+            "web",
+            vec!["sh", "-c", "read x; echo direct:$x; exit 2"],
+            &params,
+        ),
+    )
+    .await
+    .expect("in time")
+    .expect("exec");
+    let mut stdin = attached.stdin().expect("stdin");
+    let mut stdout = attached.stdout().expect("stdout");
+    let status = attached.take_status().expect("status");
+    stdin.write_all(b"ws\n").await.expect("write");
+    stdin.shutdown().await.expect("close stdin");
+    let mut out = Vec::new();
+    timeout(T, stdout.read_to_end(&mut out))
+        .await
+        .expect("in time")
+        .expect("stdout");
+    let status = timeout(T, status).await.expect("in time").expect("status");
+    assert_eq!(out, b"direct:ws\n");
+    assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"));
+    // The kubelet's own v5 Status, not the translator's rewording.
+    assert_ne!(
+        status.message.as_deref(),
+        Some("command terminated with non-zero exit code: command terminated with exit code 2")
     );
 }
