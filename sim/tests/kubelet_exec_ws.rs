@@ -352,3 +352,45 @@ async fn request_errors_match_the_kubelet() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn idle_sessions_are_closed_and_their_process_killed() {
+    support::init_crypto();
+    let h = Harness::start_with("exec-idle", |cfg| {
+        cfg.stream_idle_timeout = Duration::from_millis(400)
+    })
+    .await;
+    h.kubelet
+        .run_pod(pod("web", vec![shell_container("main", "sleep 1000")]))
+        .await
+        .unwrap();
+    timeout(T, async {
+        let path = "/exec/default/web/main?command=sh&command=-c&command=echo+%24%24%3B+exec+sleep+1000&output=1";
+        let (mut ws, _) = h.websocket(path, "v4.channel.k8s.io").await.unwrap();
+        let mut pid_text = String::new();
+        while !pid_text.ends_with('\n') {
+            if let Message::Binary(b) = ws.next().await.unwrap().unwrap() {
+                pid_text.push_str(std::str::from_utf8(&b[1..]).unwrap());
+            }
+        }
+        let pid = nix::unistd::Pid::from_raw(pid_text.trim().parse().unwrap());
+        let started = std::time::Instant::now();
+        // Nothing moves: the kubelet ends the session after the idle timeout, without a
+        // status (the command did not finish).
+        let mut status = Vec::new();
+        while let Some(Ok(msg)) = ws.next().await {
+            if let Message::Binary(b) = msg
+                && b.first() == Some(&3)
+            {
+                status.extend_from_slice(&b[1..]);
+            }
+        }
+        assert!(status.is_empty(), "{}", String::from_utf8_lossy(&status));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        while nix::sys::signal::kill(pid, None).is_ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+}

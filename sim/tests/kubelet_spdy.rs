@@ -390,3 +390,28 @@ async fn replayed_client_go_sessions_get_the_kubelets_answers() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn idle_spdy_sessions_are_cut_not_reported_as_success() {
+    let h = Harness::start_with("spdy-idle", |cfg| {
+        cfg.stream_idle_timeout = Duration::from_millis(400)
+    })
+    .await;
+    h.kubelet
+        .run_pod(pod("testpod", vec![shell_container("main", "sleep 1000")]))
+        .await
+        .unwrap();
+    timeout(T, async {
+        let path = "/exec/default/testpod/main?command=sleep&command=1000&output=1";
+        let (_, conn, _i) = connect(&h, path, &["v4.channel.k8s.io"]).await.unwrap();
+        let mut error = open(&conn, "error").await;
+        let _stdout = open(&conn, "stdout").await;
+        let mut status = Vec::new();
+        // The connection dies under the open error stream: an error, never an empty Success.
+        assert!(error.read_to_end(&mut status).await.is_err());
+        assert!(status.is_empty());
+        conn.closed().await;
+    })
+    .await
+    .unwrap();
+}
