@@ -15,6 +15,7 @@ use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use axum::routing::get;
 use http::StatusCode;
+use tracing::Instrument;
 
 use super::Shared;
 use super::pods::{Container, Pod};
@@ -152,11 +153,17 @@ async fn remote_command(
             }
         }
     };
-    let span = tracing::info_span!("remote_command", %namespace, pod = %pod_name, container = %container.spec.name, exec = is_exec);
-    let _enter = span.enter();
+    let span = tracing::info_span!(
+        "remote_command",
+        node = %shared.node_name,
+        %namespace,
+        pod = %pod_name,
+        container = %container.spec.name,
+        exec = is_exec
+    );
 
     if !websocket::is_websocket(req.headers()) {
-        return spdy_remote_command(&shared, &mut req, opts, command, &pod, container);
+        return spdy_remote_command(&shared, &mut req, opts, command, &pod, container, span);
     }
     let (protocol, response) = match websocket::accept(
         req.method(),
@@ -171,18 +178,24 @@ async fn remote_command(
     let (streams, ends) = streams::pair(opts, true, gone.clone());
     let idle = shared.stream_idle_timeout;
     let pod_name = pod.name.clone();
-    tokio::spawn(async move {
-        let Ok(upgraded) = on_upgrade.await else {
-            gone.cancel();
-            return;
-        };
-        let ws = websocket::from_upgraded(upgraded).await;
-        let transport = tokio::spawn(async move {
-            websocket::run_remote_command(ws, &protocol, opts, ends, idle).await;
-        });
-        run_command(command, container, pod_name, streams).await;
-        let _ = transport.await;
-    });
+    tokio::spawn(
+        async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                gone.cancel();
+                return;
+            };
+            let ws = websocket::from_upgraded(upgraded).await;
+            let transport = tokio::spawn(
+                async move {
+                    websocket::run_remote_command(ws, &protocol, opts, ends, idle).await;
+                }
+                .in_current_span(),
+            );
+            run_command(command, container, pod_name, streams).await;
+            let _ = transport.await;
+        }
+        .instrument(span),
+    );
     response
 }
 
@@ -195,6 +208,7 @@ fn spdy_remote_command(
     command: Command,
     pod: &Arc<Pod>,
     container: Arc<Container>,
+    span: tracing::Span,
 ) -> Response {
     let protocol = match spdy::negotiate(req.headers(), spdy_transport::REMOTE_COMMAND_PROTOCOLS) {
         Ok(Some(protocol)) => protocol,
@@ -209,18 +223,22 @@ fn spdy_remote_command(
     let creation = shared.stream_creation_timeout;
     let idle = shared.stream_idle_timeout;
     let pod_name = pod.name.clone();
-    tokio::spawn(async move {
-        let Ok((conn, incoming)) = accepting.connection().await else {
-            return;
-        };
-        let Some((streams, transport)) =
-            spdy_transport::start(conn, incoming, Some(protocol), opts, creation, idle, gone).await
-        else {
-            return;
-        };
-        run_command(command, container, pod_name, streams).await;
-        let _ = transport.await;
-    });
+    tokio::spawn(
+        async move {
+            let Ok((conn, incoming)) = accepting.connection().await else {
+                return;
+            };
+            let Some((streams, transport)) =
+                spdy_transport::start(conn, incoming, Some(protocol), opts, creation, idle, gone)
+                    .await
+            else {
+                return;
+            };
+            run_command(command, container, pod_name, streams).await;
+            let _ = transport.await;
+        }
+        .instrument(span),
+    );
     response
 }
 
@@ -266,6 +284,12 @@ async fn port_forward_route(
     let Some(pod) = shared.pods.get(namespace, pod_name) else {
         return text(StatusCode::NOT_FOUND, "pod does not exist");
     };
+    let span = tracing::info_span!(
+        "port_forward",
+        node = %shared.node_name,
+        %namespace,
+        pod = %pod_name
+    );
     if let Some(uid) = p.get("uid")
         && !uid.is_empty()
         && *uid != pod.uid
@@ -281,7 +305,7 @@ async fn port_forward_route(
             .collect(),
     };
     if !is_ws {
-        return spdy_port_forward(&shared, &mut req, target);
+        return spdy_port_forward(&shared, &mut req, target, span);
     }
     let (protocol, response) = match websocket::accept(
         req.method(),
@@ -294,18 +318,26 @@ async fn port_forward_route(
     let on_upgrade = hyper::upgrade::on(&mut req);
     let gone = shared.stop.child_token();
     let idle = shared.stream_idle_timeout;
-    tokio::spawn(async move {
-        let Ok(upgraded) = on_upgrade.await else {
-            return;
-        };
-        let ws = websocket::from_upgraded(upgraded).await;
-        portforward::run_websocket(ws, &protocol, ports, target, idle, gone).await;
-    });
+    tokio::spawn(
+        async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let ws = websocket::from_upgraded(upgraded).await;
+            portforward::run_websocket(ws, &protocol, ports, target, idle, gone).await;
+        }
+        .instrument(span),
+    );
     response
 }
 
 /// A port-forward over SPDY (`portforward.k8s.io`).
-fn spdy_port_forward(shared: &Arc<Shared>, req: &mut Request, target: Target) -> Response {
+fn spdy_port_forward(
+    shared: &Arc<Shared>,
+    req: &mut Request,
+    target: Target,
+    span: tracing::Span,
+) -> Response {
     let protocol = match spdy::negotiate(req.headers(), portforward::SPDY_PROTOCOLS) {
         Ok(Some(protocol)) => protocol,
         Ok(None) => return spdy::missing_protocol_response(),
@@ -318,11 +350,14 @@ fn spdy_port_forward(shared: &Arc<Shared>, req: &mut Request, target: Target) ->
     let gone = shared.stop.child_token();
     let creation = shared.stream_creation_timeout;
     let idle = shared.stream_idle_timeout;
-    tokio::spawn(async move {
-        let Ok((conn, incoming)) = accepting.connection().await else {
-            return;
-        };
-        portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
-    });
+    tokio::spawn(
+        async move {
+            let Ok((conn, incoming)) = accepting.connection().await else {
+                return;
+            };
+            portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
+        }
+        .instrument(span),
+    );
     response
 }
