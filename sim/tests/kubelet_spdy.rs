@@ -101,16 +101,22 @@ async fn v5_is_chosen_when_offered_first_and_old_versions_write_text() {
         let status = String::from_utf8(read_all(&mut error).await).unwrap();
         assert!(status.contains(r#""message":"2""#), "{status}");
 
-        for old in ["v2.channel.k8s.io", "channel.k8s.io"] {
-            let (proto, conn, _i) = connect(&h, path, &[old]).await.unwrap();
-            assert_eq!(proto, old);
-            let mut error = open(&conn, "error").await;
-            let _stdout = open(&conn, "stdout").await;
-            assert_eq!(
-                String::from_utf8(read_all(&mut error).await).unwrap(),
-                "command terminated with non-zero exit code: error executing command [sh -c exit 2], exit code 2"
-            );
-        }
+        let (proto, conn, _i) = connect(&h, path, &["v2.channel.k8s.io"]).await.unwrap();
+        assert_eq!(proto, "v2.channel.k8s.io");
+        let mut error = open(&conn, "error").await;
+        let _stdout = open(&conn, "stdout").await;
+        assert_eq!(
+            String::from_utf8(read_all(&mut error).await).unwrap(),
+            "command terminated with non-zero exit code: error executing command [sh -c exit 2], exit code 2"
+        );
+        // v1 (`channel.k8s.io`): the kubelet resets the error stream as soon as all streams
+        // are there, so no status ever arrives — upstream keeps that 1.0 behaviour.
+        let (proto, conn, _i) = connect(&h, path, &["channel.k8s.io"]).await.unwrap();
+        assert_eq!(proto, "channel.k8s.io");
+        let mut error = open(&conn, "error").await;
+        let _stdout = open(&conn, "stdout").await;
+        assert!(read_all(&mut error).await.is_empty());
+        conn.closed().await;
         // Success writes nothing on the error stream before v4.
         let ok = "/exec/default/testpod/main?command=true&output=1";
         let (_, conn, _i) = connect(&h, ok, &["v3.channel.k8s.io"]).await.unwrap();
@@ -181,7 +187,11 @@ async fn negotiation_and_stream_creation_failures() {
                         "channel.k8s.io"
                     ]
                 );
-                assert!(String::from_utf8_lossy(&body).contains("unable to negotiate protocol"));
+                let message = "unable to upgrade: unable to negotiate protocol: client supports [v9.channel.k8s.io], server accepts [v5.channel.k8s.io v4.channel.k8s.io v3.channel.k8s.io v2.channel.k8s.io channel.k8s.io]";
+                assert_eq!(
+                    String::from_utf8_lossy(&body),
+                    format!("{message}\n{message}\n")
+                );
             }
             other => panic!("expected 403, got {:?}", other.map(|r| r.0)),
         }
@@ -453,6 +463,31 @@ async fn replayed_client_go_and_kubectl_sessions_get_the_kubelets_answers() {
             assert!(want_goaway && got_goaway, "{}: GOAWAY", session.file);
             assert_eq!(got, want, "{}: per-stream answers differ", session.file);
         }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn idle_spdy_sessions_are_cut_not_reported_as_success() {
+    let h = Harness::start_with("spdy-idle", |cfg| {
+        cfg.stream_idle_timeout = Duration::from_millis(400)
+    })
+    .await;
+    h.kubelet
+        .run_pod(pod("testpod", vec![shell_container("main", "sleep 1000")]))
+        .await
+        .unwrap();
+    timeout(T, async {
+        let path = "/exec/default/testpod/main?command=sleep&command=1000&output=1";
+        let (_, conn, _i) = connect(&h, path, &["v4.channel.k8s.io"]).await.unwrap();
+        let mut error = open(&conn, "error").await;
+        let _stdout = open(&conn, "stdout").await;
+        let mut status = Vec::new();
+        // The connection dies under the open error stream: an error, never an empty Success.
+        assert!(error.read_to_end(&mut status).await.is_err());
+        assert!(status.is_empty());
+        conn.closed().await;
     })
     .await
     .unwrap();

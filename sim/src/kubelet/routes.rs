@@ -213,7 +213,15 @@ fn spdy_remote_command(
     let protocol = match spdy::negotiate(req.headers(), spdy_transport::REMOTE_COMMAND_PROTOCOLS) {
         Ok(Some(protocol)) => protocol,
         Ok(None) => return spdy::missing_protocol_response(),
-        Err(refused) => return refused.into_response(),
+        Err(refused) => {
+            // `Handshake` writes the 403 and its message; remotecommand then calls http.Error
+            // again with the same error, which can no longer change the status but appends
+            // the message a second time. Clients see both copies.
+            let message = refused.to_string();
+            let mut response = refused.into_response();
+            *response.body_mut() = Body::from(format!("{message}\n{message}\n"));
+            return response;
+        }
     };
     let (response, accepting) = match spdy::accept(req, Some(&protocol)) {
         Ok(accepted) => accepted,
