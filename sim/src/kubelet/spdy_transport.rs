@@ -130,10 +130,10 @@ pub async fn start(
         *slot = Some(stream);
         received += 1;
     }
-    if version.v1 {
-        if let Some(error) = got.error.take() {
-            let _ = error.reset().await;
-        }
+    if version.v1
+        && let Some(error) = got.error.take()
+    {
+        let _ = error.reset().await;
     }
     let resize_stream = got.resize.take().filter(|_| opts.tty);
     let (streams, ends) = streams::pair(opts, resize_stream.is_some(), gone.clone());
