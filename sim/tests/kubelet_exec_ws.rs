@@ -77,6 +77,9 @@ async fn kube_rs_exec_splits_output_and_reports_exit_codes() {
         assert_eq!((out.as_str(), err.as_str(), code), ("out\n", "err\n", 3));
         let (out, err, code) = kube_exec(&h, "printf ok").await;
         assert_eq!((out.as_str(), err.as_str(), code), ("ok", "", 0));
+        // Killed by a signal: 128 + signal number, as the runtime reports it.
+        let (_, _, code) = kube_exec(&h, "kill -9 $$").await;
+        assert_eq!(code, 137);
         let (_, err, code) = kube_exec(&h, "no-such-command-anywhere").await;
         assert_eq!(code, 127);
         assert!(err.contains("not found"), "{err}");
