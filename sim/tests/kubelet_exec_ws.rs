@@ -397,3 +397,26 @@ async fn idle_sessions_are_closed_and_their_process_killed() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn removing_the_pod_ends_its_exec_sessions() {
+    let h = harness_with_pod("exec-removed").await;
+    timeout(T, async {
+        let path = "/exec/default/web/main?command=sh&command=-c&command=echo+up%3B+exec+sleep+1000&output=1";
+        let (mut ws, _) = h.websocket(path, "v4.channel.k8s.io").await.unwrap();
+        // Wait for the process to be up.
+        loop {
+            if let Message::Binary(b) = ws.next().await.unwrap().unwrap()
+                && b[1..] == *b"up\n"
+            {
+                break;
+            }
+        }
+        h.kubelet.remove_pod("default", "web").await;
+        let frames = collect_frames(&mut ws).await;
+        let status = String::from_utf8(joined(&frames, 3)).unwrap();
+        assert!(status.contains(r#""message":"137""#), "{status}");
+    })
+    .await
+    .unwrap();
+}
