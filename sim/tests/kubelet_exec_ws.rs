@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
+use http_body_util::BodyExt;
 use kube::api::AttachParams;
 use kube::core::kubelet_debug::KubeletDebugParams;
 use support::{Harness, pod, shell_container};
@@ -337,12 +338,25 @@ async fn request_errors_match_the_kubelet() {
             (code.as_u16(), body.as_str()),
             (400, "you must specify at least 1 of stdin, stdout, stderr")
         );
-        // A plain request (no upgrade) fails the SPDY handshake, like upstream.
+        // A plain request is refused by the kubelet's upgrade-aware proxy (its responder
+        // always answers 500); an upgrade without a protocol fails the SPDY handshake.
         let (code, body) = h.get("/exec/default/web/main?command=true&output=1").await;
-        assert_eq!(code.as_u16(), 400);
-        assert!(
-            body.contains("X-Stream-Protocol-Version is required"),
-            "{body}"
+        assert_eq!(
+            (code.as_u16(), body.as_str()),
+            (500, "Upgrade request required\n")
+        );
+        let resp = h
+            .request(
+                "POST",
+                "/exec/default/web/main?command=true&output=1",
+                &[("connection", "Upgrade"), ("upgrade", "SPDY/3.1")],
+            )
+            .await;
+        assert_eq!(resp.status(), 400);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &body[..],
+            b"unable to upgrade: X-Stream-Protocol-Version is required\n"
         );
         let (code, _) = h.get("/nothing/here").await;
         assert_eq!(code.as_u16(), 404);

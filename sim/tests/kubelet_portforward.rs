@@ -178,7 +178,10 @@ async fn raw_websocket_framing_and_request_checks() {
         assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("0kB8="));
 
         let (code, body) = h.get("/portForward/default/web").await;
-        assert_eq!(code.as_u16(), 400, "{body}");
+        assert_eq!(
+            (code.as_u16(), body.as_str()),
+            (500, "Upgrade request required\n")
+        );
         // A WebSocket request must name its ports.
         match h
             .websocket("/portForward/default/web", "v4.channel.k8s.io")

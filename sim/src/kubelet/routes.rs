@@ -71,6 +71,25 @@ pub fn text(code: StatusCode, msg: impl Into<String>) -> Response {
 
 type Params = HashMap<String, String>;
 
+/// The kubelet hands streaming requests to the runtime's streaming server through an
+/// upgrade-aware proxy that insists on an upgrade (`Connection: upgrade`); its error
+/// responder answers everything with 500, so a plain request gets
+/// `500 Upgrade request required`.
+fn require_upgrade(req: &Request) -> Option<Response> {
+    let upgrade = req
+        .headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains("upgrade"));
+    (!upgrade).then(|| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Upgrade request required\n",
+        )
+    })
+}
+
 fn param<'a>(p: &'a Params, name: &str) -> &'a str {
     p.get(name).map(String::as_str).unwrap_or_default()
 }
@@ -162,6 +181,9 @@ async fn remote_command(
         exec = is_exec
     );
 
+    if let Some(refused) = require_upgrade(&req) {
+        return refused;
+    }
     if !websocket::is_websocket(req.headers()) {
         return spdy_remote_command(&shared, &mut req, opts, command, &pod, container, span);
     }
@@ -312,6 +334,9 @@ async fn port_forward_route(
             .flat_map(|c| c.spec.ports.iter().copied())
             .collect(),
     };
+    if let Some(refused) = require_upgrade(&req) {
+        return refused;
+    }
     if !is_ws {
         return spdy_port_forward(&shared, &mut req, target, span);
     }
