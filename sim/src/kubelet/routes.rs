@@ -22,7 +22,7 @@ use super::pods::{Container, Pod};
 use super::portforward::{self, Target};
 use super::status::Outcome;
 use super::streams::{self, StreamOptions};
-use super::{attach, exec, logs, query, spdy_transport, websocket};
+use super::{attach, exec, logs, query, spdy_transport, websocket, ws_tunnel};
 use crate::spdy;
 
 /// The kubelet API router.
@@ -301,8 +301,14 @@ async fn port_forward_route(
         Ok(p) => p,
         Err(why) => return text(StatusCode::BAD_REQUEST, why),
     };
-    // Only WebSocket requests name their ports up front.
-    let ports = if is_ws {
+    // SPDY tunnelled through WebSocket (`SPDY/3.1+portforward.k8s.io`) carries its ports in
+    // SPDY streams; plain WebSocket requests name their ports up front.
+    let tunnel = if is_ws {
+        tunneled_protocols(req.headers())
+    } else {
+        Vec::new()
+    };
+    let ports = if is_ws && tunnel.is_empty() {
         match portforward::ws_ports(&pairs) {
             Ok(ports) => ports,
             Err(why) => return text(StatusCode::BAD_REQUEST, why),
@@ -336,6 +342,9 @@ async fn port_forward_route(
     };
     if let Some(refused) = require_upgrade(&req) {
         return refused;
+    }
+    if !tunnel.is_empty() {
+        return tunneled_port_forward(&shared, &mut req, &tunnel, target, span);
     }
     if !is_ws {
         return spdy_port_forward(&shared, &mut req, target, span);
@@ -388,6 +397,70 @@ fn spdy_port_forward(
             let Ok((conn, incoming)) = accepting.connection().await else {
                 return;
             };
+            portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
+        }
+        .instrument(span),
+    );
+    response
+}
+
+/// The SPDY protocols a WebSocket request asks to tunnel (`SPDY/3.1+<protocol>` entries of
+/// every `Sec-WebSocket-Protocol` header, comma-separated, prefix removed).
+fn tunneled_protocols(headers: &http::HeaderMap) -> Vec<String> {
+    headers
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|p| p.trim().strip_prefix(ws_tunnel::TUNNEL_PREFIX))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Port-forward with SPDY inside a WebSocket, as a kubelet with `ExtendWebSocketsToKubelet`
+/// serves it: the SPDY handshake is negotiated as if the tunnelled protocols had been offered
+/// in `X-Stream-Protocol-Version` (refusals pass through unchanged), then the WebSocket is
+/// accepted with `SPDY/3.1+<protocol>` and carries the SPDY session.
+fn tunneled_port_forward(
+    shared: &Arc<Shared>,
+    req: &mut Request,
+    offered: &[String],
+    target: Target,
+    span: tracing::Span,
+) -> Response {
+    let mut offered_headers = http::HeaderMap::new();
+    for protocol in offered {
+        if let Ok(value) = http::HeaderValue::from_str(protocol) {
+            offered_headers.append(spdy::upgrade::PROTOCOL_VERSION_HEADER, value);
+        }
+    }
+    let protocol = match spdy::negotiate(&offered_headers, portforward::SPDY_PROTOCOLS) {
+        Ok(Some(protocol)) => protocol,
+        Ok(None) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "unable to upgrade: no tunneling spdy protocols provided\n",
+            );
+        }
+        Err(refused) => return refused.into_response(),
+    };
+    let ws_protocol = format!("{}{protocol}", ws_tunnel::TUNNEL_PREFIX);
+    let (_, response) = match websocket::accept(req.method(), req.headers(), &[&ws_protocol]) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
+    let on_upgrade = hyper::upgrade::on(req);
+    let gone = shared.stop.child_token();
+    let creation = shared.stream_creation_timeout;
+    let idle = shared.stream_idle_timeout;
+    tokio::spawn(
+        async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let ws = websocket::from_upgraded(upgraded).await;
+            let (conn, incoming) =
+                spdy::Connection::new(ws_tunnel::WsByteStream::new(ws), spdy::Role::Server);
             portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
         }
         .instrument(span),
