@@ -140,10 +140,14 @@ async fn attach_ends_when_the_process_exits_and_tty_resizes_reach_it() {
             .container_status("default", "tty", "term")
             .unwrap();
         assert_eq!((st.running, st.exit_code), (false, Some(0)));
-        // Attaching to a container that is not running fails before any upgrade.
-        let (code, body) = h.get("/attach/default/tty/term?output=1").await;
-        assert_eq!(code.as_u16(), 500);
-        assert!(body.contains("not running"), "{body}");
+        // Attaching to (or exec in) a container that is not running fails before any upgrade.
+        for verb in ["attach", "exec"] {
+            let (code, body) = h
+                .get(&format!("/{verb}/default/tty/term?output=1&command=true"))
+                .await;
+            assert_eq!(code.as_u16(), 500);
+            assert!(body.contains("CONTAINER_EXITED"), "{body}");
+        }
     })
     .await
     .unwrap();

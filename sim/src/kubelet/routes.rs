@@ -151,6 +151,14 @@ async fn remote_command(
             format!("container not found ({container:?})"),
         );
     };
+    // The runtime refuses exec and attach for a container that is not running (containerd:
+    // "container is in CONTAINER_EXITED state"), which the kubelet relays as a 500.
+    if !container.current().is_some_and(|i| i.is_running()) {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "rpc error: code = Unknown desc = container is in CONTAINER_EXITED state",
+        );
+    }
     let command = if is_exec {
         Command::Exec(
             query::all(&pairs, "command")
@@ -159,18 +167,7 @@ async fn remote_command(
                 .collect(),
         )
     } else {
-        match container.current() {
-            Some(instance) if instance.is_running() => Command::Attach,
-            _ => {
-                return text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!(
-                        "container {:?} in pod {pod_name:?} is not running",
-                        container.spec.name
-                    ),
-                );
-            }
-        }
+        Command::Attach
     };
     let span = tracing::info_span!(
         "remote_command",
