@@ -53,6 +53,8 @@ const WRITE_QUEUE: usize = 64;
 const STREAM_BUFFER: usize = 16;
 /// Peer-opened streams waiting for `Incoming::next`.
 const INCOMING_QUEUE: usize = 16;
+/// How long `goaway` waits for queued frames and the GOAWAY to be written.
+pub const GOAWAY_GRACE: Duration = Duration::from_secs(5);
 /// Bytes the writer task batches into one socket write.
 const WRITE_BATCH: usize = 64 * 1024;
 
@@ -334,12 +336,19 @@ impl Connection {
     }
 
     /// Sends GOAWAY, closes the connection and waits until it is gone.
+    /// A peer that stops reading cannot hold this up for more than [`GOAWAY_GRACE`]; after that
+    /// the connection is dropped without ceremony.
     pub async fn goaway(&self) {
         self.shared.going_away.store(true, Ordering::Release);
-        if self.shared.send(WriteCmd::GoAway).await.is_err() {
+        let graceful = async {
+            if self.shared.send(WriteCmd::GoAway).await.is_err() {
+                self.shared.closed.cancel();
+            }
+            self.closed().await;
+        };
+        if tokio::time::timeout(GOAWAY_GRACE, graceful).await.is_err() {
             self.shared.closed.cancel();
         }
-        self.closed().await;
     }
 
     /// Drops the connection at once, without GOAWAY: open streams read an error.
