@@ -2,9 +2,12 @@
 //!
 //! Order and answers follow upstream `pkg/kubelet/server/server.go`: stream flags are checked
 //! first (400), then the pod (404 `pod does not exist`), then the container — for exec and
-//! attach the kubelet learns of a missing container only from the runtime, which makes it a
-//! 500 `container not found ("name")`, while containerLogs checks the pod spec and answers 404.
-//! Errors are plain text, as the kubelet writes them.
+//! attach the kubelet learns of a missing or stopped container only from the runtime, which
+//! makes it a 500 (`container not found ("name")`), while containerLogs checks the pod spec
+//! and answers 404. The streaming request itself then goes through the kubelet's
+//! upgrade-aware proxy to the runtime's streaming server: a request that is no upgrade at all
+//! gets that proxy's `500 Upgrade request required`; SPDY and WebSocket handshakes are
+//! answered like the streaming server does. Errors are plain text, as the kubelet writes them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,7 +59,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
             "/containerLogs/{namespace}/{pod}/{container}",
             get(logs_route),
         )
-        .fallback(|| async { text(StatusCode::NOT_FOUND, "404 page not found") })
+        .fallback(|| async { text(StatusCode::NOT_FOUND, "404 page not found\n") })
         .with_state(shared)
 }
 
