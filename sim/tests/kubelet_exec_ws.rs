@@ -360,6 +360,7 @@ async fn request_errors_match_the_kubelet() {
         );
         let (code, _) = h.get("/nothing/here").await;
         assert_eq!(code.as_u16(), 404);
+        assert_eq!(h.get("/healthz").await.1, "ok");
         // The uid form of the route works too.
         let (code, _) = h
             .get("/exec/default/nope/uid-x/main?command=true&output=1")

@@ -59,6 +59,8 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
             "/containerLogs/{namespace}/{pod}/{container}",
             get(logs_route),
         )
+        // The kubelet's health check, which node proxies and probes use.
+        .route("/healthz", get(|| async { text(StatusCode::OK, "ok") }))
         .fallback(|| async { text(StatusCode::NOT_FOUND, "404 page not found\n") })
         .with_state(shared)
 }
