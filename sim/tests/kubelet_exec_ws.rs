@@ -435,3 +435,32 @@ async fn removing_the_pod_ends_its_exec_sessions() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn kube_rs_interactive_tty_shell() {
+    let h = harness_with_pod("exec-tty-stdin").await;
+    timeout(T, async {
+        let client = h.kube_client().await;
+        let ap = AttachParams::interactive_tty();
+        let mut proc = client
+            .kubelet_node_exec(&params("web"), "main", ["sh"], &ap)
+            .await
+            .unwrap();
+        let mut stdin = proc.stdin().unwrap();
+        let mut stdout = proc.stdout().unwrap();
+        let status = proc.take_status().unwrap();
+        stdin
+            .write_all(b"echo \"tty: $(tty)\"; exit 7\n")
+            .await
+            .unwrap();
+        let mut seen = String::new();
+        stdout.read_to_string(&mut seen).await.unwrap();
+        // The terminal echoes the input and the shell runs on a real pseudo-terminal.
+        assert!(seen.contains("tty: /dev/pts/"), "{seen:?}");
+        let status = status.await.unwrap();
+        let causes = status.details.unwrap().causes.unwrap();
+        assert_eq!(causes[0].message.as_deref(), Some("7"));
+    })
+    .await
+    .unwrap();
+}
