@@ -111,8 +111,10 @@ fn value_sets() -> Vec<ValueSet> {
 }
 
 fn run_helm(args: &[String]) -> Output {
+    // No cluster: lint, template and client dry runs must not need one.
     Command::new(helm())
         .args(args)
+        .env("KUBECONFIG", "/nonexistent")
         .env(
             "HELM_CACHE_HOME",
             std::env::temp_dir().join("relaylet-helm-cache"),
@@ -1440,5 +1442,52 @@ fn make_leaf_secret_refuses_bad_arguments_before_touching_a_cluster() {
         assert!(!out.status.success(), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+/// The release notes `helm install` prints, rendered without a cluster.
+fn notes(values: &ValueSet) -> String {
+    let mut args: Vec<String> = ["install", RELEASE].iter().map(|s| s.to_string()).collect();
+    args.push(chart().display().to_string());
+    args.extend(
+        ["--namespace", NAMESPACE, "--dry-run=client"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    args.extend(values.args());
+    let out = run_helm(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let start = text.find("NOTES:").expect("release notes");
+    text[start..].to_string()
+}
+
+#[test]
+fn notes_give_the_apiserver_flag_with_the_configured_type_first() {
+    for address_type in ["InternalDNS", "InternalIP", "Hostname"] {
+        let set = ValueSet::defaults().with(&[
+            "--set",
+            &format!("nodeServer.preferredAddressType={address_type}"),
+        ]);
+        let text = notes(&set);
+        let flag = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("--kubelet-preferred-address-types="))
+            .expect("the flag");
+        let types: Vec<&str> = flag.split(',').collect();
+        assert_eq!(types[0], address_type);
+        let mut all = types.clone();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 5, "every address type once: {flag}");
+        let rendered = Rendered::render(&set);
+        assert_eq!(
+            rendered.env_value("PREFERRED-ADDRESS-TYPE"),
+            Some(address_type)
+        );
     }
 }
