@@ -6,9 +6,10 @@
 #   docker build -t relaylet:dev --build-arg VERSION=0.1.0 .
 
 ARG RUST_VERSION=1.95
-ARG DEBIAN=bookworm
 
-FROM docker.io/library/rust:${RUST_VERSION}-slim-${DEBIAN} AS build
+# Debian 12 (bookworm) to match the runtime image's glibc: a binary linked against a newer glibc
+# would not start there.
+FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build
 WORKDIR /src
 
 # Dependencies first, in their own layer: rebuilt only when a manifest or Cargo.lock changes.
@@ -19,14 +20,14 @@ COPY sim/Cargo.toml sim/Cargo.toml
 RUN mkdir -p src sim/src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs sim/src/lib.rs \
-    && cargo build --release --locked --no-default-features \
+    && cargo build --release --locked --no-default-features --package relaylet \
     && rm -rf src target/release/relaylet target/release/deps/relaylet-* \
         target/release/deps/librelaylet-* target/release/.fingerprint/relaylet-*
 
 # The code. Touch it so cargo never mistakes it for the stubs built above.
 COPY src src
 RUN touch src/main.rs src/lib.rs \
-    && cargo build --release --locked --no-default-features \
+    && cargo build --release --locked --no-default-features --package relaylet \
     && install -D -m 0755 target/release/relaylet /out/relaylet
 
 FROM gcr.io/distroless/cc-debian12:nonroot
