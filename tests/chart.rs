@@ -650,9 +650,9 @@ fn check_invariants(r: &Rendered, set: &str) {
         "{set}"
     );
     assert_eq!(pod.service_account_name, Some(r.service_account_name()));
-    assert_ne!(
+    assert_eq!(
         pod.automount_service_account_token,
-        Some(false),
+        Some(true),
         "{set}: needs its token"
     );
     let c = r.container();
