@@ -21,10 +21,13 @@ usage: make-leaf-secret.sh --leaf-context CONTEXT --name LEAF [options]
   --node-labels K=V,...   extra virtual node labels (annotation relaylet.io/node-labels)
   --node-taints SPEC      taints replacing the default, key[=value]:Effect,... ("" for none)
   --apply-rbac            first apply deploy/leaf-rbac.yaml to the leaf cluster
+  --token-file FILE       use this ServiceAccount token (e.g. from `kubectl create token
+                          relaylet-leaf -n relaylet --duration=...`) instead of the long-lived
+                          relaylet-leaf-token Secret's
   --dry-run               print the Secret (with the token!) instead of applying it
   -h, --help              this text
 
-Uses kubectl and the kubeconfig in $KUBECONFIG (or ~/.kube/config).
+Uses kubectl ($KUBECTL if set) and the kubeconfig in $KUBECONFIG (or ~/.kube/config).
 EOF
 }
 
@@ -45,6 +48,7 @@ node_taints=""
 set_taints=false
 apply_rbac=false
 dry_run=false
+token_file=""
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -59,6 +63,7 @@ while [ $# -gt 0 ]; do
       [ $# -ge 2 ] || die "--node-taints needs a value (\"\" for none)"
       node_taints="$2"; set_taints=true; shift 2 ;;
     --apply-rbac) apply_rbac=true; shift ;;
+    --token-file) token_file="${2:?--token-file needs a value}"; shift 2 ;;
     --dry-run) dry_run=true; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
@@ -70,29 +75,35 @@ done
 if ! [[ "$name" =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]]; then
   die "--name $name is not a DNS label (lowercase letters, digits, '-', at most 63)"
 fi
-command -v kubectl >/dev/null || die "kubectl is not on PATH"
+kubectl="${KUBECTL:-kubectl}"
+command -v "$kubectl" >/dev/null || die "$kubectl is not on PATH (or set KUBECTL)"
 
-leaf=(kubectl --context "$leaf_context")
-root=(kubectl)
+leaf=("$kubectl" --context "$leaf_context")
+root=("$kubectl")
 if [ -n "$root_context" ]; then
-  root=(kubectl --context "$root_context")
+  root=("$kubectl" --context "$root_context")
 fi
 
 if $apply_rbac; then
   "${leaf[@]}" apply -f "$here/leaf-rbac.yaml" >&2
 fi
 
-# The token controller fills the token Secret in asynchronously after it is created.
 token_b64=""
-for _ in $(seq 1 30); do
-  token_b64="$("${leaf[@]}" -n relaylet get secret relaylet-leaf-token \
-    -o 'jsonpath={.data.token}' 2>/dev/null || true)"
-  [ -n "$token_b64" ] && break
-  sleep 1
-done
+if [ -n "$token_file" ]; then
+  [ -r "$token_file" ] || die "cannot read --token-file $token_file"
+  token_b64="$(tr -d '[:space:]' <"$token_file" | base64 | tr -d '\n')"
+else
+  # The token controller fills the token Secret in asynchronously after it is created.
+  for _ in $(seq 1 30); do
+    token_b64="$("${leaf[@]}" -n relaylet get secret relaylet-leaf-token \
+      -o 'jsonpath={.data.token}' 2>/dev/null || true)"
+    [ -n "$token_b64" ] && break
+    sleep 1
+  done
+fi
 [ -n "$token_b64" ] || die "no token in relaylet/relaylet-leaf-token in context $leaf_context (apply deploy/leaf-rbac.yaml first, or pass --apply-rbac)"
 
-view=(kubectl config view --raw --minify --flatten --context "$leaf_context")
+view=("$kubectl" config view --raw --minify --flatten --context "$leaf_context")
 if [ -z "$leaf_server" ]; then
   leaf_server="$("${view[@]}" -o 'jsonpath={.clusters[0].cluster.server}')"
 fi
@@ -103,7 +114,7 @@ case "$leaf_server" in
 esac
 # Trust the CA that the leaf kubeconfig trusts; else the cluster CA the token Secret carries.
 ca_b64="$("${view[@]}" -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}')"
-if [ -z "$ca_b64" ]; then
+if [ -z "$ca_b64" ] && [ -z "$token_file" ]; then
   ca_b64="$("${leaf[@]}" -n relaylet get secret relaylet-leaf-token -o 'jsonpath={.data.ca\.crt}')"
 fi
 [ -n "$ca_b64" ] || die "no CA for the leaf apiserver in context $leaf_context or the token Secret"
@@ -133,14 +144,14 @@ umask 077
 
 "${root[@]}" -n "$namespace" create secret generic "relaylet-leaf-$name" \
   --from-file=kubeconfig="$work/kubeconfig" --dry-run=client -o yaml >"$work/secret.yaml"
-kubectl label --local -f "$work/secret.yaml" -o yaml \
+"$kubectl" label --local -f "$work/secret.yaml" -o yaml \
   "relaylet.io/leaf-cluster=$name" >"$work/labelled.yaml"
 annotations=()
 [ -n "$node_name" ] && annotations+=("relaylet.io/node-name=$node_name")
 [ -n "$node_labels" ] && annotations+=("relaylet.io/node-labels=$node_labels")
 $set_taints && annotations+=("relaylet.io/node-taints=$node_taints")
 if [ ${#annotations[@]} -gt 0 ]; then
-  kubectl annotate --local -f "$work/labelled.yaml" -o yaml "${annotations[@]}" >"$work/final.yaml"
+  "$kubectl" annotate --local -f "$work/labelled.yaml" -o yaml "${annotations[@]}" >"$work/final.yaml"
 else
   cp "$work/labelled.yaml" "$work/final.yaml"
 fi

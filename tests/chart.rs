@@ -10,7 +10,7 @@
 //! `check-config` accepts the result. Bad value sets must be refused by `values.schema.json`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -1490,4 +1490,157 @@ fn notes_give_the_apiserver_flag_with_the_configured_type_first() {
             Some(address_type)
         );
     }
+}
+
+/// A scratch directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("relaylet-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs make-leaf-secret.sh with the real kubectl 1.35 against `kubeconfig`, printing instead
+/// of applying (`--dry-run`) and with the token from a file, so no cluster is needed.
+fn make_leaf_secret(kubeconfig: &Path, token_file: &Path, extra: &[&str]) -> Output {
+    let kubectl = relaylet_sim::tools::kubectl("1.35").expect("kubectl 1.35");
+    Command::new("bash")
+        .arg(repo().join("deploy/make-leaf-secret.sh"))
+        .args(["--leaf-context", "leaf-a", "--name", "leaf-a", "--dry-run"])
+        .arg("--token-file")
+        .arg(token_file)
+        .args(extra)
+        .env("KUBECONFIG", kubeconfig)
+        .env("KUBECTL", &kubectl.path)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
+    let dir = Scratch::new("leaf-secret");
+    // The user's own leaf kubeconfig: CA as a file, an admin token of their own.
+    let ca = rcgen::generate_simple_self_signed(vec!["leaf-a.example.com".to_string()]).unwrap();
+    let ca_pem = ca.cert.pem();
+    std::fs::write(dir.0.join("ca.pem"), &ca_pem).unwrap();
+    let kubeconfig = dir.0.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: a\n  cluster:\n    server: https://leaf-a.example.com:6443\n    certificate-authority: {}\nusers:\n- name: admin\n  user:\n    token: personal-admin-token\ncontexts:\n- name: leaf-a\n  context:\n    cluster: a\n    user: admin\ncurrent-context: leaf-a\n",
+            dir.0.join("ca.pem").display()
+        ),
+    )
+    .unwrap();
+    let token_file = dir.0.join("token");
+    std::fs::write(
+        &token_file,
+        "eyJhbGciOiJSUzI1NiJ9.service-account-token.sig\n",
+    )
+    .unwrap();
+
+    let out = make_leaf_secret(
+        &kubeconfig,
+        &token_file,
+        &[
+            "--namespace",
+            "relaylet-leaves",
+            "--node-labels",
+            "topology.kubernetes.io/region=eu-west-1",
+            "--node-taints",
+            "",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !stdout.contains("personal-admin-token"),
+        "the user's credentials never leave"
+    );
+    let r = Rendered::parse(&stdout);
+    assert_eq!(r.secrets.len(), 1);
+    let secret = &r.secrets[0];
+    assert_eq!(
+        secret.metadata.name.as_deref(),
+        Some("relaylet-leaf-leaf-a")
+    );
+    assert_eq!(
+        secret.metadata.namespace.as_deref(),
+        Some("relaylet-leaves")
+    );
+    assert_eq!(
+        secret
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("relaylet.io/leaf-cluster"))
+            .map(String::as_str),
+        Some("leaf-a")
+    );
+    let annotations = secret.metadata.annotations.clone().unwrap();
+    assert_eq!(
+        annotations["relaylet.io/node-labels"],
+        "topology.kubernetes.io/region=eu-west-1"
+    );
+    assert_eq!(annotations["relaylet.io/node-taints"], "");
+    assert!(!annotations.contains_key("relaylet.io/node-name"));
+
+    let minted = String::from_utf8(secret.data.as_ref().unwrap()["kubeconfig"].0.clone()).unwrap();
+    assert!(!minted.contains("personal-admin-token"));
+    let parsed: Value = serde_saphyr::from_str(&minted).unwrap();
+    assert_eq!(
+        parsed["clusters"][0]["cluster"]["server"],
+        "https://leaf-a.example.com:6443"
+    );
+    let ca_data: k8s_openapi::ByteString = serde_json::from_value(
+        parsed["clusters"][0]["cluster"]["certificate-authority-data"].clone(),
+    )
+    .unwrap();
+    assert_eq!(ca_data.0, ca_pem.as_bytes(), "the CA file is inlined");
+    assert_eq!(
+        parsed["users"][0]["user"]["token"],
+        "eyJhbGciOiJSUzI1NiJ9.service-account-token.sig"
+    );
+    // relaylet's own loader accepts it.
+    relaylet::leaf::Leaf::from_kubeconfig("leaf-a", "relaylet-leaf-a", &minted)
+        .await
+        .expect("relaylet loads the minted kubeconfig");
+
+    // A loopback server is flagged, and --leaf-server replaces it.
+    let local = dir.0.join("local-kubeconfig");
+    std::fs::write(
+        &local,
+        std::fs::read_to_string(&kubeconfig)
+            .unwrap()
+            .replace("https://leaf-a.example.com:6443", "https://127.0.0.1:40123"),
+    )
+    .unwrap();
+    let out = make_leaf_secret(&local, &token_file, &[]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+    let out = make_leaf_secret(
+        &local,
+        &token_file,
+        &["--leaf-server", "https://leaf-a.internal:6443"],
+    );
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("loopback"));
+    let r = Rendered::parse(&String::from_utf8(out.stdout).unwrap());
+    let minted =
+        String::from_utf8(r.secrets[0].data.as_ref().unwrap()["kubeconfig"].0.clone()).unwrap();
+    assert!(minted.contains("server: https://leaf-a.internal:6443"));
 }
