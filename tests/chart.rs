@@ -8,6 +8,10 @@
 //! objects must fit together (selectors, ports, volumes, RBAC bindings), grant exactly the
 //! permissions relaylet's code uses, and configure the real `relaylet` binary so that its own
 //! `check-config` accepts the result. Bad value sets must be refused by `values.schema.json`.
+//!
+//! The same checks cover `deploy/`: the plain manifests must be the chart's default render, the
+//! leaf-side RBAC must grant exactly what relaylet relays, and `make-leaf-secret.sh` (driven by
+//! the real kubectl, offline) must mint a kubeconfig that relaylet's own loader accepts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
