@@ -80,7 +80,7 @@ async fn options_select_and_shape_the_log() {
             assert_eq!(rest, want);
             assert_eq!(ts.len(), "2026-11-21T19:55:01.123456789Z".len(), "{ts}");
             assert!(ts.ends_with('Z') && ts.as_bytes()[19] == b'.', "{ts}");
-            assert!(ts.to_string() >= previous, "timestamps go forward");
+            assert!(*ts >= *previous, "timestamps go forward");
             previous = ts.to_string();
         }
         // sinceTime just after the fifth line keeps only what came later (oops, 0.3 s later).
@@ -288,6 +288,33 @@ async fn follow_sends_before_the_process_ends_and_logs_are_cri_files() {
         let parts: Vec<&str> = first_line.splitn(4, ' ').collect();
         assert_eq!(&parts[1..], ["stdout", "F", "line1"]);
         assert!(text.contains(" stderr F oops\n"));
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn long_and_unterminated_lines_survive_the_cri_format() {
+    let h = Harness::start("logs-partial").await;
+    // A 40 000-byte line (split into partial records on disk) and an unterminated last line.
+    let script = "head -c 40000 /dev/zero | tr '\\0' x; echo; printf tail-without-newline";
+    h.kubelet
+        .run_pod(pod("partial", vec![shell_container("main", script)]))
+        .await
+        .unwrap();
+    timeout(T, async {
+        let path = "/containerLogs/default/partial/main?follow=true";
+        let (code, body) = h.get(path).await;
+        assert_eq!(code.as_u16(), 200);
+        let expected = format!("{}\ntail-without-newline", "x".repeat(40000));
+        assert_eq!(body.len(), expected.len());
+        assert!(body == expected);
+        let file = h
+            .data_dir
+            .join("pods/default_partial_uid-partial/main/0.log");
+        let text = std::fs::read_to_string(file).unwrap();
+        let tags: Vec<&str> = text.lines().map(|l| l.split(' ').nth(2).unwrap()).collect();
+        assert_eq!(tags, ["P", "P", "F", "P"]);
     })
     .await
     .unwrap();

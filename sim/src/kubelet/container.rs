@@ -217,11 +217,12 @@ async fn pump(
 ) {
     let mut lines = LineSplitter::default();
     while let Some(chunk) = source.next_chunk().await {
-        // No attached client is not an error.
-        let _ = attach.send((stream, chunk.clone()));
+        // Log first: whoever saw a line through attach can then find it in the log.
         for (full, content) in lines.push(&chunk) {
             log.append(stream, full, &content).await;
         }
+        // No attached client is not an error.
+        let _ = attach.send((stream, chunk));
     }
     if let Some(rest) = lines.finish() {
         log.append(stream, false, &rest).await;

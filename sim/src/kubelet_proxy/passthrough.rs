@@ -18,18 +18,14 @@ use super::backend::{Backend, forward_request, relay_headers};
 /// Relays an upgrade request to the kubelet and, on 101, splices the connections.
 pub(crate) async fn upgrade(
     backend: &Backend,
-    mut req: Request<Body>,
+    req: Request<Body>,
     path_and_query: &str,
 ) -> Response {
-    let Some(client_upgrade) = req.extensions_mut().remove::<OnUpgrade>() else {
-        return ProxyError::Internal("unable to upgrade: unable to hijack response".into())
-            .into_response();
-    };
     let mut sender = match backend.connect().await {
         Ok(sender) => sender,
         Err(err) => return err.dialing_backend().into_response(),
     };
-    let (parts, _body) = req.into_parts();
+    let (mut parts, _body) = req.into_parts();
     // Upgrade requests carry no body (SPDY's POST has Content-Length: 0).
     let request = match forward_request(
         parts.method,
@@ -52,6 +48,11 @@ pub(crate) async fn upgrade(
     };
     let status = response.status();
     if status == StatusCode::SWITCHING_PROTOCOLS {
+        // Like the hijack upstream, this is the last step: only a 101 takes the client's socket.
+        let Some(client_upgrade) = parts.extensions.remove::<OnUpgrade>() else {
+            return ProxyError::Internal("unable to upgrade: unable to hijack response".into())
+                .into_response();
+        };
         let backend_upgrade = hyper::upgrade::on(&mut response);
         let mut relayed = Response::new(Body::empty());
         *relayed.status_mut() = status;

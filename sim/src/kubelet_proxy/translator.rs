@@ -24,7 +24,7 @@ use super::backend::Backend;
 use super::location::{KubeletTarget, StreamOptions};
 use super::websocket::{self, ServerSocket};
 use crate::channel::{self, ChannelMessage, Protocol};
-use crate::spdy::{self, Connection, Stream, StreamReader, UpgradeError};
+use crate::spdy::{self, Connection, Stream, StreamReader, StreamWriter, UpgradeError};
 
 /// What client-go's executor offers the kubelet, newest first.
 const SPDY_PROTOCOLS: &[&str] = &[
@@ -34,6 +34,9 @@ const SPDY_PROTOCOLS: &[&str] = &[
     "v2.channel.k8s.io",
     "channel.k8s.io",
 ];
+
+/// How often the translator pings the kubelet (client-go's `PingPeriod` for the translator).
+const PING_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether `req` is a WebSocket asking for `v5.channel.k8s.io`
 /// (`IsWebSocketRequestWithStreamCloseProtocol`).
@@ -317,6 +320,22 @@ where
             Ok(upgraded) => upgraded,
             Err(err) => return Some(status_from_upgrade_error(&err)),
         };
+    // client-go's round tripper pings the kubelet every 5 s for the life of the connection.
+    let pinger = conn.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PING_PERIOD);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = pinger.closed() => return,
+                _ = tick.tick() => {
+                    if pinger.ping().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
     let streams = match open_streams(&conn, &protocol, options).await {
         Ok(streams) => streams,
         Err(err) => {
@@ -326,39 +345,57 @@ where
     };
     let Streams {
         mut error,
-        stdin,
+        mut stdin,
         stdout,
         stderr,
-        resize,
+        mut resize,
     } = streams;
+    // The executor never writes to stdout/stderr, but keeps them open until it tears the
+    // connection down, so keep the write halves until then.
+    let (stdout_r, stdout_w) = split(stdout);
+    let (stderr_r, stderr_w) = split(stderr);
 
     let outputs = async {
-        let copy_out = |stream: Option<Stream>, channel_id: u8| async move {
-            if let Some(stream) = stream {
-                let (reader, _writer) = stream.into_split();
+        let copy_out = |reader: Option<StreamReader>, channel_id: u8| async move {
+            if let Some(reader) = reader {
                 forward(reader, channel_id, out).await;
             }
         };
         let mut message = Vec::new();
         let (_, _, read) = tokio::join!(
-            copy_out(stdout, channel::STDOUT),
-            copy_out(stderr, channel::STDERR),
+            copy_out(stdout_r, channel::STDOUT),
+            copy_out(stderr_r, channel::STDERR),
             error.read_to_end(&mut message),
         );
         read.map(|_| message)
     };
-    let client = client_input(ws_rx, stdin, resize);
+    let client = client_input(ws_rx, stdin.as_mut(), resize.as_mut());
     let status = tokio::select! {
         read = outputs => Some(status_from_error_stream(&protocol, read)),
         _ = client => None,
     };
     if status.is_some() {
+        // client-go's Close: reset every stream, then GOAWAY.
+        let _ = error.reset().await;
+        for stream in [&stdin, &resize].into_iter().flatten() {
+            let _ = stream.reset().await;
+        }
+        for writer in [&stdout_w, &stderr_w].into_iter().flatten() {
+            let _ = writer.reset().await;
+        }
         conn.goaway().await;
     } else {
         // The client is gone: cut the kubelet session at once.
         conn.abort();
     }
     status
+}
+
+fn split(stream: Option<Stream>) -> (Option<StreamReader>, Option<StreamWriter>) {
+    match stream.map(Stream::into_split) {
+        Some((reader, writer)) => (Some(reader), Some(writer)),
+        None => (None, None),
+    }
 }
 
 /// Copies one kubelet output stream to its WebSocket channel until EOF.
@@ -381,8 +418,11 @@ async fn forward(mut reader: StreamReader, channel_id: u8, out: &mpsc::Sender<Me
 
 /// Reads the client's messages: stdin data and close, resize events. Returns when the client
 /// closes the WebSocket or goes away.
-async fn client_input<S>(ws_rx: &mut S, mut stdin: Option<Stream>, mut resize: Option<Stream>)
-where
+async fn client_input<S>(
+    ws_rx: &mut S,
+    mut stdin: Option<&mut Stream>,
+    mut resize: Option<&mut Stream>,
+) where
     S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
     while let Some(message) = ws_rx.next().await {
@@ -404,7 +444,7 @@ where
             Ok(Some(ChannelMessage::Close {
                 channel: channel::STDIN,
             })) => {
-                if let Some(mut stream) = stdin.take() {
+                if let Some(stream) = stdin.take() {
                     let _ = stream.shutdown().await;
                 }
             }

@@ -1,0 +1,64 @@
+{{/*
+Names and labels shared by every object of the release.
+*/}}
+
+{{- define "relaylet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's object name; also the ServiceAccount's and the RBAC objects' base name. */}}
+{{- define "relaylet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "relaylet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "relaylet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "relaylet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "relaylet.labels" -}}
+helm.sh/chart: {{ include "relaylet.chart" . }}
+{{ include "relaylet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "relaylet.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Where leaf kubeconfig Secrets live. */}}
+{{- define "relaylet.leafSecretNamespace" -}}
+{{- default .Release.Namespace .Values.leafSecretNamespace }}
+{{- end }}
+
+{{/* Whether the root client CA is read from kube-system (no bundle given in values). */}}
+{{- define "relaylet.readsClusterClientCA" -}}
+{{- if and (not .Values.auth.clientCA.configMap) (not .Values.auth.clientCA.secret) }}true{{ end }}
+{{- end }}
+
+{{/* The Secret holding the serving certificate, when relaylet does not generate one. */}}
+{{- define "relaylet.servingCertSecret" -}}
+{{- if eq .Values.servingCert.mode "secret" }}
+{{- .Values.servingCert.secret.name }}
+{{- else if eq .Values.servingCert.mode "certManager" }}
+{{- printf "%s-serving-cert" (include "relaylet.fullname" .) }}
+{{- end }}
+{{- end }}
