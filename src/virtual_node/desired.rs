@@ -296,26 +296,28 @@ pub fn node_info(leaf_version: Option<&str>, leaf_nodes: &[Node]) -> NodeSystemI
 }
 
 /// The labels relaylet puts on a virtual node, then the leaf Secret's extra labels.
+///
+/// `kubernetes.io/hostname` is set only when the preferred address type is `Hostname`: with
+/// any other type, kube-apiserver's default preference order (`Hostname` first) would dial the
+/// label's value when the Node has no `Hostname` address, instead of relaylet's address. Leaving
+/// it off lets relaylet work with the apiserver's default flags.
 pub fn labels(
     node_name: &str,
     leaf_name: &str,
+    preferred_type: &str,
     info: &NodeSystemInfo,
     extra: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         ("type".to_string(), "virtual-kubelet".to_string()),
         ("kubernetes.io/role".to_string(), "agent".to_string()),
-        (
-            "relaylet.io/leaf-cluster".to_string(),
-            leaf_name.to_string(),
-        ),
-        ("kubernetes.io/hostname".to_string(), node_name.to_string()),
-        (
-            "kubernetes.io/os".to_string(),
-            info.operating_system.clone(),
-        ),
+        ("relaylet.io/leaf-cluster".to_string(), leaf_name.to_string()),
+        ("kubernetes.io/os".to_string(), info.operating_system.clone()),
         ("kubernetes.io/arch".to_string(), info.architecture.clone()),
     ]);
+    if preferred_type == "Hostname" {
+        labels.insert("kubernetes.io/hostname".to_string(), node_name.to_string());
+    }
     labels.extend(extra.clone());
     labels
 }
@@ -586,6 +588,7 @@ mod tests {
         assert_eq!(parse_taints("").unwrap(), vec![]);
         let l = parse_labels("zone=a,tier=gold").unwrap();
         assert_eq!(l["zone"], "a");
+        assert!(!l.contains_key("kubernetes.io/hostname"));
         assert!(parse_labels("novalue").is_err());
     }
 
@@ -595,9 +598,12 @@ mod tests {
         let info = node_info(Some("v1.34.2"), &nodes);
         assert_eq!(info.kubelet_version, "v1.34.2");
         assert_eq!(info.architecture, "arm64");
+        let with_hostname = labels("relaylet-leaf-1", "leaf-1", "Hostname", &info, &BTreeMap::new());
+        assert_eq!(with_hostname["kubernetes.io/hostname"], "relaylet-leaf-1");
         let l = labels(
             "relaylet-leaf-1",
             "leaf-1",
+            "InternalDNS",
             &info,
             &BTreeMap::from([("zone".into(), "a".into())]),
         );
@@ -605,5 +611,6 @@ mod tests {
         assert_eq!(l["relaylet.io/leaf-cluster"], "leaf-1");
         assert_eq!(l["kubernetes.io/arch"], "arm64");
         assert_eq!(l["zone"], "a");
+        assert!(!l.contains_key("kubernetes.io/hostname"));
     }
 }
