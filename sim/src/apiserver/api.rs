@@ -150,6 +150,10 @@ fn non_resource(app: &App, user: &UserInfo, req: &Request) -> Result<Response, F
                 discovery::group_list()
             }
         }
+        ["openapi", "v3"] => super::openapi::root(),
+        ["openapi", "v3", rest @ ..] => {
+            super::openapi::group_version(&rest.join("/")).ok_or_else(Failure::no_route)?
+        }
         ["api", "v1"] => discovery::resource_list("", "v1").ok_or_else(Failure::no_route)?,
         ["apis", group] => discovery::group(group).ok_or_else(Failure::no_route)?,
         ["apis", group, version] => {
@@ -210,7 +214,11 @@ async fn resource(
             if verb != "create" {
                 return Err(Failure::method_not_allowed(verb, kind));
             }
-            let body = read_json(req).await?;
+            let body = if content_type(req.headers()) == "application/vnd.kubernetes.protobuf" {
+                super::protobuf::decode_review(&read_body(req).await?, kind.kind)?
+            } else {
+                read_json(req).await?
+            };
             let answer = reviews::answer(kind, body, &user, &app.policy, &app.tokens)?;
             return Ok(json_response(StatusCode::CREATED, &answer));
         }

@@ -20,6 +20,8 @@ pub mod failure;
 pub mod fieldset;
 pub mod kinds;
 pub mod managed;
+pub mod openapi;
+pub mod protobuf;
 pub mod proxy;
 pub mod reviews;
 pub mod route;
