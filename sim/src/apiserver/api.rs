@@ -150,6 +150,14 @@ fn non_resource(app: &App, user: &UserInfo, req: &Request) -> Result<Response, F
                 discovery::group_list()
             }
         }
+        ["openapi", "v2"] => {
+            return Ok((
+                StatusCode::OK,
+                [(http::header::CONTENT_TYPE, super::openapi::V2_PROTOBUF)],
+                super::openapi::v2_protobuf(),
+            )
+                .into_response());
+        }
         ["openapi", "v3"] => super::openapi::root(),
         ["openapi", "v3", rest @ ..] => {
             super::openapi::group_version(&rest.join("/")).ok_or_else(Failure::no_route)?

@@ -12,9 +12,10 @@ use super::failure::Failure;
 
 const MAGIC: &[u8] = b"k8s\0";
 
-/// One decoded field: its number and payload.
+/// One decoded field's payload. Review specs carry only strings and messages, so numeric
+/// fields are skipped rather than kept.
 enum Field<'a> {
-    Varint(u64),
+    Number,
     Bytes(&'a [u8]),
 }
 
@@ -43,7 +44,10 @@ fn fields(buf: &[u8]) -> Result<Vec<(u64, Field<'_>)>, Failure> {
         let key = varint(buf, &mut pos)?;
         let (number, wire) = (key >> 3, key & 7);
         match wire {
-            0 => out.push((number, Field::Varint(varint(buf, &mut pos)?))),
+            0 => {
+                varint(buf, &mut pos)?;
+                out.push((number, Field::Number));
+            }
             2 => {
                 let len =
                     usize::try_from(varint(buf, &mut pos)?).map_err(|_| bad("length overflow"))?;
