@@ -1,0 +1,328 @@
+//! The kubelet's HTTP routes and the checks it makes before a streaming session starts.
+//!
+//! Order and answers follow upstream `pkg/kubelet/server/server.go`: stream flags are checked
+//! first (400), then the pod (404 `pod does not exist`), then the container — for exec and
+//! attach the kubelet learns of a missing container only from the runtime, which makes it a
+//! 500 `container not found ("name")`, while containerLogs checks the pod spec and answers 404.
+//! Errors are plain text, as the kubelet writes them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::response::Response;
+use axum::routing::get;
+use http::StatusCode;
+
+use super::Shared;
+use super::pods::{Container, Pod};
+use super::portforward::{self, Target};
+use super::status::Outcome;
+use super::streams::{self, StreamOptions};
+use super::{attach, exec, logs, query, spdy_transport, websocket};
+use crate::spdy;
+
+/// The kubelet API router.
+pub(super) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/exec/{namespace}/{pod}/{container}",
+            get(exec_route).post(exec_route),
+        )
+        .route(
+            "/exec/{namespace}/{pod}/{uid}/{container}",
+            get(exec_route).post(exec_route),
+        )
+        .route(
+            "/attach/{namespace}/{pod}/{container}",
+            get(attach_route).post(attach_route),
+        )
+        .route(
+            "/attach/{namespace}/{pod}/{uid}/{container}",
+            get(attach_route).post(attach_route),
+        )
+        .route(
+            "/portForward/{namespace}/{pod}",
+            get(port_forward_route).post(port_forward_route),
+        )
+        .route(
+            "/portForward/{namespace}/{pod}/{uid}",
+            get(port_forward_route).post(port_forward_route),
+        )
+        .route(
+            "/containerLogs/{namespace}/{pod}/{container}",
+            get(logs_route),
+        )
+        .fallback(|| async { text(StatusCode::NOT_FOUND, "404 page not found") })
+        .with_state(shared)
+}
+
+/// A plain-text answer, the way the kubelet writes its errors.
+pub fn text(code: StatusCode, msg: impl Into<String>) -> Response {
+    Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Body::from(msg.into()))
+        .unwrap_or_default()
+}
+
+type Params = HashMap<String, String>;
+
+fn param<'a>(p: &'a Params, name: &str) -> &'a str {
+    p.get(name).map(String::as_str).unwrap_or_default()
+}
+
+async fn logs_route(
+    State(shared): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    req: Request,
+) -> Response {
+    logs::serve(
+        shared,
+        param(&p, "namespace"),
+        param(&p, "pod"),
+        param(&p, "container"),
+        req.uri().query(),
+    )
+    .await
+}
+
+/// What a remote command session runs.
+enum Command {
+    Exec(Vec<String>),
+    Attach,
+}
+
+async fn exec_route(state: State<Arc<Shared>>, path: Path<Params>, req: Request) -> Response {
+    remote_command(state, path, req, true).await
+}
+
+async fn attach_route(state: State<Arc<Shared>>, path: Path<Params>, req: Request) -> Response {
+    remote_command(state, path, req, false).await
+}
+
+async fn remote_command(
+    State(shared): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    mut req: Request,
+    is_exec: bool,
+) -> Response {
+    let pairs = match query::parse(req.uri().query()) {
+        Ok(p) => p,
+        Err(why) => return text(StatusCode::BAD_REQUEST, why),
+    };
+    let opts = match StreamOptions::from_query(&pairs) {
+        Ok(o) => o,
+        Err(why) => return text(StatusCode::BAD_REQUEST, why),
+    };
+    let (namespace, pod_name, container) = (
+        param(&p, "namespace"),
+        param(&p, "pod"),
+        param(&p, "container"),
+    );
+    let Some(pod) = shared.pods.get(namespace, pod_name) else {
+        return text(StatusCode::NOT_FOUND, "pod does not exist");
+    };
+    let Some(container) = pod.container(container).cloned() else {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("container not found ({container:?})"),
+        );
+    };
+    let command = if is_exec {
+        Command::Exec(
+            query::all(&pairs, "command")
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        )
+    } else {
+        match container.current() {
+            Some(instance) if instance.is_running() => Command::Attach,
+            _ => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "container {:?} in pod {pod_name:?} is not running",
+                        container.spec.name
+                    ),
+                );
+            }
+        }
+    };
+    let span = tracing::info_span!("remote_command", %namespace, pod = %pod_name, container = %container.spec.name, exec = is_exec);
+    let _enter = span.enter();
+
+    if !websocket::is_websocket(req.headers()) {
+        return spdy_remote_command(&shared, &mut req, opts, command, &pod, container);
+    }
+    let (protocol, response) = match websocket::accept(
+        req.method(),
+        req.headers(),
+        websocket::REMOTE_COMMAND_PROTOCOLS,
+    ) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let gone = shared.stop.child_token();
+    let (streams, ends) = streams::pair(opts, true, gone.clone());
+    let idle = shared.stream_idle_timeout;
+    let pod_name = pod.name.clone();
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else {
+            gone.cancel();
+            return;
+        };
+        let ws = websocket::from_upgraded(upgraded).await;
+        let transport = tokio::spawn(async move {
+            websocket::run_remote_command(ws, &protocol, opts, ends, idle).await;
+        });
+        run_command(command, container, pod_name, streams).await;
+        let _ = transport.await;
+    });
+    response
+}
+
+/// A remote command over SPDY: negotiate like `httpstream.Handshake`, upgrade, wait for the
+/// client's streams, then run the command.
+fn spdy_remote_command(
+    shared: &Arc<Shared>,
+    req: &mut Request,
+    opts: StreamOptions,
+    command: Command,
+    pod: &Arc<Pod>,
+    container: Arc<Container>,
+) -> Response {
+    let protocol = match spdy::negotiate(req.headers(), spdy_transport::REMOTE_COMMAND_PROTOCOLS) {
+        Ok(Some(protocol)) => protocol,
+        Ok(None) => return spdy::missing_protocol_response(),
+        Err(refused) => return refused.into_response(),
+    };
+    let (response, accepting) = match spdy::accept(req, Some(&protocol)) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
+    let gone = shared.stop.child_token();
+    let creation = shared.stream_creation_timeout;
+    let idle = shared.stream_idle_timeout;
+    let pod_name = pod.name.clone();
+    tokio::spawn(async move {
+        let Ok((conn, incoming)) = accepting.connection().await else {
+            return;
+        };
+        let Some((streams, transport)) =
+            spdy_transport::start(conn, incoming, Some(protocol), opts, creation, idle, gone).await
+        else {
+            return;
+        };
+        run_command(command, container, pod_name, streams).await;
+        let _ = transport.await;
+    });
+    response
+}
+
+async fn run_command(
+    command: Command,
+    container: Arc<Container>,
+    pod_name: String,
+    streams: streams::Streams,
+) {
+    match command {
+        Command::Exec(argv) => exec::run(container, pod_name, argv, streams).await,
+        Command::Attach => match container.current() {
+            Some(instance) => attach::run(instance, streams).await,
+            None => {
+                let outcome =
+                    Outcome::Failed("error attaching to container: container is gone".into());
+                streams.output.finish(outcome).await;
+            }
+        },
+    }
+}
+
+async fn port_forward_route(
+    State(shared): State<Arc<Shared>>,
+    Path(p): Path<Params>,
+    mut req: Request,
+) -> Response {
+    let is_ws = websocket::is_websocket(req.headers());
+    let pairs = match query::parse(req.uri().query()) {
+        Ok(p) => p,
+        Err(why) => return text(StatusCode::BAD_REQUEST, why),
+    };
+    // Only WebSocket requests name their ports up front.
+    let ports = if is_ws {
+        match portforward::ws_ports(&pairs) {
+            Ok(ports) => ports,
+            Err(why) => return text(StatusCode::BAD_REQUEST, why),
+        }
+    } else {
+        Vec::new()
+    };
+    let (namespace, pod_name) = (param(&p, "namespace"), param(&p, "pod"));
+    let Some(pod) = shared.pods.get(namespace, pod_name) else {
+        return text(StatusCode::NOT_FOUND, "pod does not exist");
+    };
+    if let Some(uid) = p.get("uid")
+        && !uid.is_empty()
+        && *uid != pod.uid
+    {
+        return text(StatusCode::NOT_FOUND, "pod not found");
+    }
+    let target = Target {
+        sandbox_id: pod.sandbox_id(),
+        ports: pod
+            .containers
+            .iter()
+            .flat_map(|c| c.spec.ports.iter().copied())
+            .collect(),
+    };
+    if !is_ws {
+        return spdy_port_forward(&shared, &mut req, target);
+    }
+    let (protocol, response) = match websocket::accept(
+        req.method(),
+        req.headers(),
+        websocket::PORT_FORWARD_PROTOCOLS,
+    ) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let gone = shared.stop.child_token();
+    let idle = shared.stream_idle_timeout;
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
+        let ws = websocket::from_upgraded(upgraded).await;
+        portforward::run_websocket(ws, &protocol, ports, target, idle, gone).await;
+    });
+    response
+}
+
+/// A port-forward over SPDY (`portforward.k8s.io`).
+fn spdy_port_forward(shared: &Arc<Shared>, req: &mut Request, target: Target) -> Response {
+    let protocol = match spdy::negotiate(req.headers(), portforward::SPDY_PROTOCOLS) {
+        Ok(Some(protocol)) => protocol,
+        Ok(None) => return spdy::missing_protocol_response(),
+        Err(refused) => return refused.into_response(),
+    };
+    let (response, accepting) = match spdy::accept(req, Some(&protocol)) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
+    let gone = shared.stop.child_token();
+    let creation = shared.stream_creation_timeout;
+    let idle = shared.stream_idle_timeout;
+    tokio::spawn(async move {
+        let Ok((conn, incoming)) = accepting.connection().await else {
+            return;
+        };
+        portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
+    });
+    response
+}
