@@ -36,6 +36,8 @@ pub struct App {
     pub store: Store,
     pub policy: Policy,
     pub tokens: Vec<(String, UserInfo)>,
+    /// How to reach kubelets; None answers kubelet calls with 503.
+    pub kubelet: Option<crate::kubelet_proxy::KubeletClient>,
     /// `host:port` advertised in `/api`.
     pub server_address: String,
 }

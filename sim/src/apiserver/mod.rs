@@ -71,6 +71,8 @@ pub struct ApiServerConfig {
     pub policy: Policy,
     /// Bearer tokens and the users they stand for.
     pub tokens: Vec<(String, UserInfo)>,
+    /// How to reach kubelets (None: kubelet calls answer 503).
+    pub kubelet: Option<crate::kubelet_proxy::KubeletClient>,
 }
 
 impl ApiServerConfig {
@@ -83,6 +85,7 @@ impl ApiServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             policy: Policy::default(),
             tokens: Vec::new(),
+            kubelet: None,
         }
     }
 }
@@ -128,6 +131,7 @@ impl ApiServer {
             store: store.clone(),
             policy: cfg.policy,
             tokens: cfg.tokens,
+            kubelet: cfg.kubelet,
             server_address: addr.to_string(),
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);
