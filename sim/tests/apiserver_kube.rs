@@ -276,6 +276,27 @@ async fn server_side_apply_tracks_managers_and_conflicts() {
         .await
         .unwrap();
     assert!(!pruned.data.unwrap_or_default().contains_key("owner"));
+
+    // The apply body may be YAML, as its content type says.
+    let yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\ndata:\n  k: yes-as-string\n  n: \"1\"\n";
+    let request = http::Request::patch(
+        "/api/v1/namespaces/default/configmaps/from-yaml?fieldManager=yaml-applier",
+    )
+    .header("content-type", "application/apply-patch+yaml")
+    .body(yaml.as_bytes().to_vec())
+    .unwrap();
+    let created: ConfigMap = cms.clone().into_client().request(request).await.unwrap();
+    let data = created.data.unwrap();
+    assert_eq!(
+        (data["k"].as_str(), data["n"].as_str()),
+        ("yes-as-string", "1")
+    );
+    assert_eq!(
+        created.metadata.managed_fields.unwrap()[0]
+            .manager
+            .as_deref(),
+        Some("yaml-applier")
+    );
 }
 
 #[tokio::test]

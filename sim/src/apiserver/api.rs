@@ -339,14 +339,19 @@ async fn read_optional_json(req: Request) -> Result<Value, Failure> {
     decode(&body, "application/json")
 }
 
+/// Decodes a JSON or (for YAML content types) YAML body.
 fn decode(body: &[u8], content_type: &str) -> Result<Value, Failure> {
-    serde_json::from_slice(body).map_err(|e| {
-        if content_type.contains("yaml") || content_type.contains("protobuf") {
-            Failure::unsupported_media_type(content_type)
-        } else {
-            Failure::bad_request(format!("error decoding the request body: {e}"))
-        }
-    })
+    if content_type.contains("protobuf") || content_type.contains("cbor") {
+        return Err(Failure::unsupported_media_type(content_type));
+    }
+    match serde_json::from_slice(body) {
+        Ok(value) => Ok(value),
+        Err(_) if content_type.contains("yaml") => serde_saphyr::from_slice::<Value>(body)
+            .map_err(|e| Failure::bad_request(format!("error decoding YAML: {e}"))),
+        Err(e) => Err(Failure::bad_request(format!(
+            "error decoding the request body: {e}"
+        ))),
+    }
 }
 
 fn content_type(headers: &HeaderMap) -> String {
@@ -657,11 +662,7 @@ async fn patch(
             ));
         };
         let mreq = managed::Request { manager, ..mreq };
-        let config: Value = serde_json::from_slice(&body).map_err(|e| {
-            Failure::bad_request(format!(
-                "error decoding the apply configuration (send JSON, which is valid YAML): {e}"
-            ))
-        })?;
+        let config = decode(&body, &content_type)?;
         check_type(kind, &config)?;
         check_namespace(target, &config)?;
         if config.get("apiVersion").is_none() || config.get("kind").is_none() {
