@@ -686,3 +686,106 @@ async fn raw_watches_report_gone_bookmarks_and_selector_transitions() {
         other => panic!("expected ADDED on-a, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn reviews_and_client_ca_serve_a_kubelet_like_authenticator() {
+    use k8s_openapi::api::authentication::v1::TokenReview;
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    use relaylet_sim::apiserver::{Policy, Rule, UserInfo};
+
+    let ca = Arc::new(Ca::new("sim").unwrap());
+    let mut cfg = ApiServerConfig::new("sim", ca.clone());
+    cfg.tokens = vec![("user-token".into(), UserInfo::new("alice", &["devs"]))];
+    cfg.policy = Policy::new(vec![
+        // What `system:auth-delegator` grants relaylet.
+        Rule::user("relaylet")
+            .verbs(&["create"])
+            .api_groups(&["authentication.k8s.io", "authorization.k8s.io"])
+            .resources(&["tokenreviews", "subjectaccessreviews"]),
+        Rule::user("relaylet")
+            .verbs(&["get"])
+            .api_groups(&[""])
+            .resources(&["configmaps"])
+            .namespaces(&["kube-system"])
+            .names(&["extension-apiserver-authentication"]),
+        Rule::group("devs")
+            .verbs(&["create"])
+            .api_groups(&[""])
+            .resources(&["nodes/proxy"]),
+    ]);
+    let api = ApiServer::start(cfg).await.unwrap();
+    let yaml = api.kubeconfig("relaylet", &[]).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::from_yaml(&yaml).unwrap(),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let client = Client::try_from(config).unwrap();
+
+    let auth_cm: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let cm = auth_cm
+        .get("extension-apiserver-authentication")
+        .await
+        .unwrap();
+    assert_eq!(cm.data.unwrap()["client-ca-file"], ca.cert_pem());
+    // Only that one object: the rule names it.
+    assert!(auth_cm.get("other").await.is_err());
+
+    let reviews: Api<TokenReview> = Api::all(client.clone());
+    let review: TokenReview =
+        serde_json::from_value(json!({"spec": {"token": "user-token"}})).unwrap();
+    let answered = reviews
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    let status = answered.status.unwrap();
+    assert_eq!(status.authenticated, Some(true));
+    let user = status.user.unwrap();
+    assert_eq!(user.username.as_deref(), Some("alice"));
+    assert_eq!(user.groups.unwrap(), ["devs", "system:authenticated"]);
+    let bad: TokenReview = serde_json::from_value(json!({"spec": {"token": "nope"}})).unwrap();
+    assert_ne!(
+        reviews
+            .create(&PostParams::default(), &bad)
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .authenticated,
+        Some(true)
+    );
+
+    let sars: Api<SubjectAccessReview> = Api::all(client.clone());
+    let sar = |verb: &str, sub: &str| -> SubjectAccessReview {
+        serde_json::from_value(json!({"spec": {"user": "alice", "groups": ["devs"],
+            "resourceAttributes": {"verb": verb, "resource": "nodes", "subresource": sub, "name": "leaf"}}}))
+        .unwrap()
+    };
+    let allowed = sars
+        .create(&PostParams::default(), &sar("create", "proxy"))
+        .await
+        .unwrap();
+    assert!(allowed.status.unwrap().allowed);
+    let denied = sars
+        .create(&PostParams::default(), &sar("get", "proxy"))
+        .await
+        .unwrap();
+    assert!(!denied.status.unwrap().allowed);
+
+    // Without the delegator rule, creating reviews is forbidden.
+    let other = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::from_yaml(&api.kubeconfig("mallory", &[]).unwrap()).unwrap(),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let forbidden = Api::<TokenReview>::all(Client::try_from(other).unwrap())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap_err();
+    match forbidden {
+        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden")),
+        other => panic!("expected 403, got {other:?}"),
+    }
+}
