@@ -1,5 +1,7 @@
-//! Real kubectl binaries (every installed minor from 1.27 to 1.33) against the API server
-//! stand-in: discovery, get/describe of pods and nodes, wide output, apply, delete, auth can-i,
+//! Real kubectl binaries (1.27, 1.29, 1.30, 1.32, 1.33: both sides of the SPDY/WebSocket and
+//! discovery changes) against the API server
+//! stand-in: discovery, get/describe of pods and nodes, wide output, apply (client- and
+//! server-side), delete, server-side dry run, top (metrics API), auth can-i,
 //! and the 401/403 answers for missing credentials and denied requests.
 
 mod support;
@@ -59,12 +61,25 @@ async fn server() -> ApiServer {
             }),
         )
         .unwrap();
+    let metrics = relaylet_sim::apiserver::kinds::by_resource("metrics.k8s.io", "pods").unwrap();
+    store
+        .create(
+            metrics,
+            "default",
+            json!({
+                "metadata": {"name": "web"},
+                "timestamp": "2026-01-01T00:00:00Z",
+                "window": "30s",
+                "containers": [{"name": "main", "usage": {"cpu": "5m", "memory": "10Mi"}}]
+            }),
+        )
+        .unwrap();
     api
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_versions_work_against_the_stand_in() {
-    let versions = kubectl_versions(&[27, 28, 29, 30, 31, 32, 33]);
+    let versions = kubectl_versions(&[27, 29, 30, 32, 33]);
     if versions.is_empty() {
         eprintln!("!!!!! NO kubectl BINARY FOUND: skipping the kubectl test !!!!!");
         return;
@@ -212,6 +227,38 @@ async fn kubectl_versions_work_against_the_stand_in() {
                 .get(kind, "default", &format!("settings-{minor}"))
                 .is_err()
         );
+
+        // Server-side dry run checks and answers but stores nothing.
+        // (Not `kubectl create configmap`: from 1.32 it posts protobuf, which this stand-in
+        // does not decode for stored kinds.)
+        let dry = run(
+            admin.clone(),
+            vec!["apply", "--dry-run=server", "-f", manifest, "-o", "name"],
+        )
+        .await;
+        assert!(dry.ok, "{ctx} dry run: {}", dry.stderr);
+        assert_eq!(
+            dry.stdout.trim(),
+            format!("configmap/settings-{minor}"),
+            "{ctx}"
+        );
+        assert!(
+            api.store()
+                .get(kind, "default", &format!("settings-{minor}"))
+                .is_err(),
+            "{ctx}: dry run stored"
+        );
+
+        let top = run(admin.clone(), vec!["top", "pod", "web"]).await;
+        assert!(top.ok, "{ctx} top: {}", top.stderr);
+        let row: Vec<&str> = top
+            .stdout
+            .lines()
+            .nth(1)
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(row, ["web", "5m", "10Mi"], "{ctx}: {}", top.stdout);
 
         let can = run(viewer.clone(), vec!["auth", "can-i", "get", "pods"]).await;
         assert_eq!(

@@ -90,6 +90,55 @@ async fn serve(app: Arc<App>, req: Request) -> Result<Response, Failure> {
     }
 }
 
+/// The store as one request writes to it: for real, or checked only (`dryRun=All`).
+struct Writer<'a> {
+    store: &'a Store,
+    dry_run: bool,
+}
+
+impl Writer<'_> {
+    fn create(&self, kind: &'static Kind, namespace: &str, obj: Value) -> Result<Value, Failure> {
+        if self.dry_run {
+            self.store.create_dry_run(kind, namespace, obj)
+        } else {
+            self.store.create(kind, namespace, obj)
+        }
+    }
+
+    fn modify(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&Value) -> Result<Value, Failure>,
+    ) -> Result<Value, Failure> {
+        if self.dry_run {
+            self.store.modify_dry_run(kind, namespace, name, change)
+        } else {
+            self.store.modify(kind, namespace, name, change)
+        }
+    }
+
+    fn delete(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        precondition_rv: Option<&str>,
+    ) -> Result<Value, Failure> {
+        if !self.dry_run {
+            return self.store.delete(kind, namespace, name, precondition_rv);
+        }
+        let live = self.store.get(kind, namespace, name)?;
+        if precondition_rv
+            .is_some_and(|rv| live["metadata"]["resourceVersion"].as_str() != Some(rv))
+        {
+            return Err(Failure::conflict(kind, name));
+        }
+        Ok(live)
+    }
+}
+
 fn json_response(code: StatusCode, body: &Value) -> Response {
     (
         code,
@@ -241,6 +290,18 @@ async fn resource(
     let table = table::requested(accept(req.headers()))
         .map(|v| (v, Include::parse(query.get("includeObject"))));
     let manager = field_manager(&query, req.headers());
+    let store = Writer {
+        store: &app.store,
+        dry_run: match query.get("dryRun") {
+            None | Some("") => false,
+            Some("All") => true,
+            Some(other) => {
+                return Err(Failure::bad_request(format!(
+                    "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+                )));
+            }
+        },
+    };
     let stop = req
         .extensions()
         .get::<Stop>()
@@ -273,18 +334,18 @@ async fn resource(
                 return Err(Failure::method_not_allowed("create", kind));
             }
             let body = read_json(req).await?;
-            create(&app.store, &target, body, &manager)
+            create(&store, &target, body, &manager)
         }
         "update" => {
             let body = read_json(req).await?;
-            update(&app.store, &target, body, &manager)
+            update(&store, &target, body, &manager)
         }
-        "patch" => patch(&app.store, &target, &query, req, &manager).await,
+        "patch" => patch(&store, &target, &query, req, &manager).await,
         "delete" => {
             let options = read_optional_json(req).await?;
-            delete(&app.store, &target, &options)
+            delete(&store, &target, &options)
         }
-        "deletecollection" => delete_collection(&app.store, &target, &query),
+        "deletecollection" => delete_collection(&store, &target, &query),
         _ => Err(Failure::method_not_allowed(verb, kind)),
     }
 }
@@ -602,7 +663,7 @@ fn managed_request<'a>(
 }
 
 fn create(
-    store: &Store,
+    store: &Writer<'_>,
     target: &ResourcePath,
     mut body: Value,
     manager: &str,
@@ -625,7 +686,7 @@ fn create(
 }
 
 fn update(
-    store: &Store,
+    store: &Writer<'_>,
     target: &ResourcePath,
     body: Value,
     manager: &str,
@@ -644,7 +705,7 @@ fn update(
 }
 
 async fn patch(
-    store: &Store,
+    store: &Writer<'_>,
     target: &ResourcePath,
     query: &Query,
     req: Request,
@@ -730,7 +791,7 @@ async fn patch(
     Ok(json_response(StatusCode::OK, &patched))
 }
 
-fn delete(store: &Store, target: &ResourcePath, options: &Value) -> Result<Response, Failure> {
+fn delete(store: &Writer<'_>, target: &ResourcePath, options: &Value) -> Result<Response, Failure> {
     let kind = target.kind;
     if kind.kind == "Namespace" && PROTECTED_NAMESPACES.contains(&target.name.as_str()) {
         return Err(Failure::forbidden(format!(
@@ -740,7 +801,7 @@ fn delete(store: &Store, target: &ResourcePath, options: &Value) -> Result<Respo
     }
     let preconditions = &options["preconditions"];
     if let Some(uid) = preconditions["uid"].as_str() {
-        let live = store.get(kind, &target.namespace, &target.name)?;
+        let live = store.store.get(kind, &target.namespace, &target.name)?;
         if live.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
             return Err(Failure::conflict(kind, &target.name));
         }
@@ -772,13 +833,13 @@ fn delete(store: &Store, target: &ResourcePath, options: &Value) -> Result<Respo
 }
 
 fn delete_collection(
-    store: &Store,
+    store: &Writer<'_>,
     target: &ResourcePath,
     query: &Query,
 ) -> Result<Response, Failure> {
     let kind = target.kind;
     let (labels, fields) = selectors(kind, query)?;
-    let (items, _) = store.list(kind, namespace_filter(target).as_deref());
+    let (items, _) = store.store.list(kind, namespace_filter(target).as_deref());
     let mut deleted = Vec::new();
     for obj in items
         .iter()
@@ -806,7 +867,7 @@ fn delete_collection(
         &json!({
             "kind": kind.list_kind,
             "apiVersion": kind.api_version(),
-            "metadata": { "resourceVersion": store.revision().to_string() },
+            "metadata": { "resourceVersion": store.store.revision().to_string() },
             "items": deleted,
         }),
     ))

@@ -76,6 +76,13 @@ struct Shared {
     latest: watch::Sender<u64>,
 }
 
+/// Whether a write is stored or only checked (`dryRun=All`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Write {
+    Commit,
+    DryRun,
+}
+
 /// The object store; clones share the same data.
 #[derive(Clone)]
 pub struct Store {
@@ -188,7 +195,27 @@ impl Store {
         &self,
         kind: &'static Kind,
         namespace: &str,
+        obj: Value,
+    ) -> Result<Value, Failure> {
+        self.create_with(kind, namespace, obj, Write::Commit)
+    }
+
+    /// Everything [`Store::create`] checks and fills in, without storing (`dryRun=All`).
+    pub fn create_dry_run(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        obj: Value,
+    ) -> Result<Value, Failure> {
+        self.create_with(kind, namespace, obj, Write::DryRun)
+    }
+
+    fn create_with(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
         mut obj: Value,
+        write: Write,
     ) -> Result<Value, Failure> {
         if kind.flavor == Flavor::Review {
             return Err(Failure::method_not_allowed("store", kind));
@@ -269,6 +296,9 @@ impl Store {
         if state.objects.contains_key(&key) {
             return Err(Failure::already_exists(kind, &name));
         }
+        if write == Write::DryRun {
+            return Ok(obj);
+        }
         let rv = bump(&mut state);
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
         let stored = Arc::new(obj);
@@ -288,6 +318,28 @@ impl Store {
         namespace: &str,
         name: &str,
         change: impl FnOnce(&Value) -> Result<Value, Failure>,
+    ) -> Result<Value, Failure> {
+        self.modify_with(kind, namespace, name, change, Write::Commit)
+    }
+
+    /// Everything [`Store::modify`] checks and computes, without storing (`dryRun=All`).
+    pub fn modify_dry_run(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&Value) -> Result<Value, Failure>,
+    ) -> Result<Value, Failure> {
+        self.modify_with(kind, namespace, name, change, Write::DryRun)
+    }
+
+    fn modify_with(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&Value) -> Result<Value, Failure>,
+        write: Write,
     ) -> Result<Value, Failure> {
         let key = key(kind, namespace, name);
         let mut state = self.lock();
@@ -335,6 +387,9 @@ impl Store {
         if next == *current {
             // Nothing changed: upstream skips the write and keeps the revision.
             return Ok((*current).clone());
+        }
+        if write == Write::DryRun {
+            return Ok(next);
         }
         let rv = bump(&mut state);
         next["metadata"]["resourceVersion"] = json!(rv.to_string());
