@@ -789,3 +789,64 @@ async fn reviews_and_client_ca_serve_a_kubelet_like_authenticator() {
         other => panic!("expected 403, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn json_patch_and_watch_timeout() {
+    use kube::api::{WatchEvent, WatchParams};
+
+    let ca = Arc::new(Ca::new("sim").unwrap());
+    let api = start(ca, None, None).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client(&api, "admin").await, "default");
+    cms.create(&PostParams::default(), &cm("jp", "0"))
+        .await
+        .unwrap();
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/data/v", "value": "0"},
+        {"op": "add", "path": "/data/w", "value": "1"},
+        {"op": "replace", "path": "/data/v", "value": "2"}
+    ]))
+    .unwrap();
+    let patched = cms
+        .patch("jp", &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
+    let data = patched.data.unwrap();
+    assert_eq!((data["v"].as_str(), data["w"].as_str()), ("2", "1"));
+    let failing: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "test", "path": "/data/v", "value": "0"}])).unwrap();
+    match cms
+        .patch("jp", &PatchParams::default(), &Patch::<()>::Json(failing))
+        .await
+        .unwrap_err()
+    {
+        kube::Error::Api(s) => assert_eq!(s.code, 422),
+        other => panic!("expected 422, got {other:?}"),
+    }
+
+    // timeoutSeconds ends the stream cleanly.
+    let rv = cms
+        .get("jp")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let started = std::time::Instant::now();
+    let stream = cms
+        .watch(&WatchParams::default().timeout(1).disable_bookmarks(), &rv)
+        .await
+        .unwrap();
+    let events: Vec<_> = tokio::time::timeout(STEP, stream.collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert!(
+        events
+            .iter()
+            .all(|e| !matches!(e, Ok(WatchEvent::Error(_))))
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -1,7 +1,7 @@
 //! The API server's kubelet routes end to end: real kubectl (1.27 over SPDY, 1.33 over
 //! WebSocket v5 translated to SPDY) runs `exec` and `logs` through the stand-in API server into
 //! the kubelet stand-in, which runs real processes. Also the failures upstream reports before
-//! dialling: missing pod (404), pod without a node (400), and the 1.35 rule that exec needs
+//! dialling: missing pod (404), an unbound pod's empty log, node proxy, and the 1.35 rule that exec needs
 //! `create` on `pods/exec` even for a WebSocket GET.
 
 mod support;
@@ -165,6 +165,35 @@ async fn kubectl_exec_and_logs_reach_the_kubelet_through_the_api_server() {
         );
         let reader_logs = kubectl(&bin, &scratch, &reader, &["logs", "web"]).await;
         assert!(reader_logs.ok, "{ctx}: {}", reader_logs.stderr);
+
+        // nodes/proxy reaches the kubelet's own routes.
+        let raw = kubectl(
+            &bin,
+            &scratch,
+            &admin,
+            &[
+                "get",
+                "--raw",
+                "/api/v1/nodes/leaf-1/proxy/containerLogs/default/web/main",
+            ],
+        )
+        .await;
+        assert!(raw.ok, "{ctx} node proxy: {}", raw.stderr);
+        assert_eq!(raw.stdout, "started-main\n", "{ctx}");
+        let denied = kubectl(
+            &bin,
+            &scratch,
+            &reader,
+            &["get", "--raw", "/api/v1/nodes/leaf-1/proxy/healthz"],
+        )
+        .await;
+        assert!(
+            denied
+                .stderr
+                .contains("cannot get resource \"nodes/proxy\""),
+            "{ctx}: {}",
+            denied.stderr
+        );
     }
     kubelet.stop();
 }
