@@ -671,6 +671,15 @@ fn create(
     let kind = target.kind;
     check_type(kind, &body)?;
     check_namespace(target, &body)?;
+    if body
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|rv| !rv.is_empty())
+    {
+        return Err(Failure::bad_request(
+            "resourceVersion should not be set on objects to be created",
+        ));
+    }
     if kind.kind == "Pod" {
         // Upstream's pod strategy resets status on create; the kubelet reports it later.
         body["status"] = json!({ "phase": "Pending" });

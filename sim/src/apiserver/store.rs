@@ -466,6 +466,31 @@ impl Store {
         Ok(last)
     }
 
+    /// Creates an object given as JSON with its `apiVersion`, `kind` and (for namespaced
+    /// kinds) `metadata.namespace`, as a manifest would carry them.
+    pub fn create_object(&self, obj: Value) -> Result<Value, Failure> {
+        let (kind, namespace) = manifest_kind(&obj)?;
+        self.create(kind, &namespace, obj)
+    }
+
+    /// Creates the object, or replaces the stored one with it whatever its resourceVersion
+    /// (for seeding state in tests and the sandbox).
+    pub fn upsert_object(&self, mut obj: Value) -> Result<Value, Failure> {
+        let (kind, namespace) = manifest_kind(&obj)?;
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+        }
+        match self.modify(kind, &namespace, &name, |_| Ok(obj.clone())) {
+            Err(f) if f.reason == "NotFound" => self.create(kind, &namespace, obj),
+            other => other,
+        }
+    }
+
     /// Creates a typed object (`k8s_openapi` types), returning what was stored.
     pub fn create_typed<K>(&self, obj: &K) -> Result<K, Failure>
     where
@@ -595,6 +620,23 @@ fn validate_name(kind: &Kind, name: &str) -> Result<(), Failure> {
             "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
         ),
     ))
+}
+
+/// The served kind and namespace a JSON manifest names.
+fn manifest_kind(obj: &Value) -> Result<(&'static Kind, String), Failure> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    let kind_name = obj["kind"].as_str().unwrap_or_default();
+    let kind = kinds::by_kind(api_version, kind_name).ok_or_else(|| {
+        Failure::bad_request(format!(
+            "no kind {kind_name:?} is served in version {api_version:?}"
+        ))
+    })?;
+    let namespace = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    Ok((kind, namespace))
 }
 
 fn typed_kind<K: k8s_openapi::Resource>() -> Result<&'static Kind, Failure> {
@@ -730,6 +772,25 @@ mod tests {
             }
         );
         assert!(store.events_since(3).unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn manifests_create_and_upsert() {
+        let store = seeded();
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "m", "namespace": "default"}, "data": {"a": "1"}});
+        store.create_object(cm.clone()).unwrap();
+        let mut changed = cm.clone();
+        changed["data"]["a"] = json!("2");
+        changed["metadata"]["resourceVersion"] = json!("999");
+        assert_eq!(store.upsert_object(changed).unwrap()["data"]["a"], "2");
+        assert_eq!(
+            store
+                .create_object(json!({"apiVersion": "v9", "kind": "Pod"}))
+                .unwrap_err()
+                .code,
+            400
+        );
     }
 
     #[test]
