@@ -156,12 +156,9 @@ impl Store {
                 oldest: state.compacted + 1,
             });
         }
-        let events = state
-            .history
-            .iter()
-            .filter(|e| e.rv > rv)
-            .cloned()
-            .collect();
+        // History is in revision order, so the first unseen event is found by bisection.
+        let first = state.history.partition_point(|e| e.rv <= rv);
+        let events = state.history.range(first..).cloned().collect();
         Ok((events, state.rv.max(rv)))
     }
 
