@@ -215,7 +215,7 @@ impl Cluster {
     /// containers. On a node without one (a root cluster's virtual node) only the object is
     /// written.
     pub async fn add_pod(&self, node: &str, pod: &SimPod) -> Result<Pod, ClusterError> {
-        let uid = crate::apiserver::new_uid();
+        let uid = crate::apiserver::store::new_uid();
         let kubelet = self.kubelet(node);
         let mut runs = Vec::new();
         let mut container_specs = Vec::new();

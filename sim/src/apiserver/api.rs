@@ -36,6 +36,8 @@ pub struct App {
     pub store: Store,
     pub policy: Policy,
     pub tokens: Vec<(String, UserInfo)>,
+    /// How to reach kubelets; None answers kubelet calls with 503.
+    pub kubelet: Option<crate::kubelet_proxy::KubeletClient>,
     /// `host:port` advertised in `/api`.
     pub server_address: String,
 }
@@ -85,6 +87,55 @@ async fn serve(app: Arc<App>, req: Request) -> Result<Response, Failure> {
     match route::parse(req.uri().path())? {
         Target::NonResource => non_resource(&app, &user, &req),
         Target::Resource(target) => resource(app, user, req, target, query).await,
+    }
+}
+
+/// The store as one request writes to it: for real, or checked only (`dryRun=All`).
+struct Writer<'a> {
+    store: &'a Store,
+    dry_run: bool,
+}
+
+impl Writer<'_> {
+    fn create(&self, kind: &'static Kind, namespace: &str, obj: Value) -> Result<Value, Failure> {
+        if self.dry_run {
+            self.store.create_dry_run(kind, namespace, obj)
+        } else {
+            self.store.create(kind, namespace, obj)
+        }
+    }
+
+    fn modify(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&Value) -> Result<Value, Failure>,
+    ) -> Result<Value, Failure> {
+        if self.dry_run {
+            self.store.modify_dry_run(kind, namespace, name, change)
+        } else {
+            self.store.modify(kind, namespace, name, change)
+        }
+    }
+
+    fn delete(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        precondition_rv: Option<&str>,
+    ) -> Result<Value, Failure> {
+        if !self.dry_run {
+            return self.store.delete(kind, namespace, name, precondition_rv);
+        }
+        let live = self.store.get(kind, namespace, name)?;
+        if precondition_rv
+            .is_some_and(|rv| live["metadata"]["resourceVersion"].as_str() != Some(rv))
+        {
+            return Err(Failure::conflict(kind, name));
+        }
+        Ok(live)
     }
 }
 
@@ -150,6 +201,18 @@ fn non_resource(app: &App, user: &UserInfo, req: &Request) -> Result<Response, F
                 discovery::group_list()
             }
         }
+        ["openapi", "v2"] => {
+            return Ok((
+                StatusCode::OK,
+                [(http::header::CONTENT_TYPE, super::openapi::V2_PROTOBUF)],
+                super::openapi::v2_protobuf(),
+            )
+                .into_response());
+        }
+        ["openapi", "v3"] => super::openapi::root(),
+        ["openapi", "v3", rest @ ..] => {
+            super::openapi::group_version(&rest.join("/")).ok_or_else(Failure::no_route)?
+        }
         ["api", "v1"] => discovery::resource_list("", "v1").ok_or_else(Failure::no_route)?,
         ["apis", group] => discovery::group(group).ok_or_else(Failure::no_route)?,
         ["apis", group, version] => {
@@ -210,7 +273,11 @@ async fn resource(
             if verb != "create" {
                 return Err(Failure::method_not_allowed(verb, kind));
             }
-            let body = read_json(req).await?;
+            let body = if content_type(req.headers()) == "application/vnd.kubernetes.protobuf" {
+                super::protobuf::decode_review(&read_body(req).await?, kind.kind)?
+            } else {
+                read_json(req).await?
+            };
             let answer = reviews::answer(kind, body, &user, &app.policy, &app.tokens)?;
             return Ok(json_response(StatusCode::CREATED, &answer));
         }
@@ -223,6 +290,18 @@ async fn resource(
     let table = table::requested(accept(req.headers()))
         .map(|v| (v, Include::parse(query.get("includeObject"))));
     let manager = field_manager(&query, req.headers());
+    let store = Writer {
+        store: &app.store,
+        dry_run: match query.get("dryRun") {
+            None | Some("") => false,
+            Some("All") => true,
+            Some(other) => {
+                return Err(Failure::bad_request(format!(
+                    "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+                )));
+            }
+        },
+    };
     let stop = req
         .extensions()
         .get::<Stop>()
@@ -255,18 +334,18 @@ async fn resource(
                 return Err(Failure::method_not_allowed("create", kind));
             }
             let body = read_json(req).await?;
-            create(&app.store, &target, body, &manager)
+            create(&store, &target, body, &manager)
         }
         "update" => {
             let body = read_json(req).await?;
-            update(&app.store, &target, body, &manager)
+            update(&store, &target, body, &manager)
         }
-        "patch" => patch(&app.store, &target, &query, req, &manager).await,
+        "patch" => patch(&store, &target, &query, req, &manager).await,
         "delete" => {
             let options = read_optional_json(req).await?;
-            delete(&app.store, &target, &options)
+            delete(&store, &target, &options)
         }
-        "deletecollection" => delete_collection(&app.store, &target, &query),
+        "deletecollection" => delete_collection(&store, &target, &query),
         _ => Err(Failure::method_not_allowed(verb, kind)),
     }
 }
@@ -321,14 +400,19 @@ async fn read_optional_json(req: Request) -> Result<Value, Failure> {
     decode(&body, "application/json")
 }
 
+/// Decodes a JSON or (for YAML content types) YAML body.
 fn decode(body: &[u8], content_type: &str) -> Result<Value, Failure> {
-    serde_json::from_slice(body).map_err(|e| {
-        if content_type.contains("yaml") || content_type.contains("protobuf") {
-            Failure::unsupported_media_type(content_type)
-        } else {
-            Failure::bad_request(format!("error decoding the request body: {e}"))
-        }
-    })
+    if content_type.contains("protobuf") || content_type.contains("cbor") {
+        return Err(Failure::unsupported_media_type(content_type));
+    }
+    match serde_json::from_slice(body) {
+        Ok(value) => Ok(value),
+        Err(_) if content_type.contains("yaml") => serde_saphyr::from_slice::<Value>(body)
+            .map_err(|e| Failure::bad_request(format!("error decoding YAML: {e}"))),
+        Err(e) => Err(Failure::bad_request(format!(
+            "error decoding the request body: {e}"
+        ))),
+    }
 }
 
 fn content_type(headers: &HeaderMap) -> String {
@@ -579,7 +663,7 @@ fn managed_request<'a>(
 }
 
 fn create(
-    store: &Store,
+    store: &Writer<'_>,
     target: &ResourcePath,
     mut body: Value,
     manager: &str,
@@ -587,6 +671,15 @@ fn create(
     let kind = target.kind;
     check_type(kind, &body)?;
     check_namespace(target, &body)?;
+    if body
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|rv| !rv.is_empty())
+    {
+        return Err(Failure::bad_request(
+            "resourceVersion should not be set on objects to be created",
+        ));
+    }
     if kind.kind == "Pod" {
         // Upstream's pod strategy resets status on create; the kubelet reports it later.
         body["status"] = json!({ "phase": "Pending" });
@@ -602,7 +695,7 @@ fn create(
 }
 
 fn update(
-    store: &Store,
+    store: &Writer<'_>,
     target: &ResourcePath,
     body: Value,
     manager: &str,
@@ -621,7 +714,7 @@ fn update(
 }
 
 async fn patch(
-    store: &Store,
+    store: &Writer<'_>,
     target: &ResourcePath,
     query: &Query,
     req: Request,
@@ -639,11 +732,7 @@ async fn patch(
             ));
         };
         let mreq = managed::Request { manager, ..mreq };
-        let config: Value = serde_json::from_slice(&body).map_err(|e| {
-            Failure::bad_request(format!(
-                "error decoding the apply configuration (send JSON, which is valid YAML): {e}"
-            ))
-        })?;
+        let config = decode(&body, &content_type)?;
         check_type(kind, &config)?;
         check_namespace(target, &config)?;
         if config.get("apiVersion").is_none() || config.get("kind").is_none() {
@@ -711,7 +800,7 @@ async fn patch(
     Ok(json_response(StatusCode::OK, &patched))
 }
 
-fn delete(store: &Store, target: &ResourcePath, options: &Value) -> Result<Response, Failure> {
+fn delete(store: &Writer<'_>, target: &ResourcePath, options: &Value) -> Result<Response, Failure> {
     let kind = target.kind;
     if kind.kind == "Namespace" && PROTECTED_NAMESPACES.contains(&target.name.as_str()) {
         return Err(Failure::forbidden(format!(
@@ -721,7 +810,7 @@ fn delete(store: &Store, target: &ResourcePath, options: &Value) -> Result<Respo
     }
     let preconditions = &options["preconditions"];
     if let Some(uid) = preconditions["uid"].as_str() {
-        let live = store.get(kind, &target.namespace, &target.name)?;
+        let live = store.store.get(kind, &target.namespace, &target.name)?;
         if live.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
             return Err(Failure::conflict(kind, &target.name));
         }
@@ -753,13 +842,13 @@ fn delete(store: &Store, target: &ResourcePath, options: &Value) -> Result<Respo
 }
 
 fn delete_collection(
-    store: &Store,
+    store: &Writer<'_>,
     target: &ResourcePath,
     query: &Query,
 ) -> Result<Response, Failure> {
     let kind = target.kind;
     let (labels, fields) = selectors(kind, query)?;
-    let (items, _) = store.list(kind, namespace_filter(target).as_deref());
+    let (items, _) = store.store.list(kind, namespace_filter(target).as_deref());
     let mut deleted = Vec::new();
     for obj in items
         .iter()
@@ -787,7 +876,7 @@ fn delete_collection(
         &json!({
             "kind": kind.list_kind,
             "apiVersion": kind.api_version(),
-            "metadata": { "resourceVersion": store.revision().to_string() },
+            "metadata": { "resourceVersion": store.store.revision().to_string() },
             "items": deleted,
         }),
     ))

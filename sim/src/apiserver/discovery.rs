@@ -18,7 +18,7 @@ pub fn version() -> Value {
         "emulationMinor": "35",
         "minCompatibilityMajor": "1",
         "minCompatibilityMinor": "34",
-        "gitVersion": "v1.35.0-relaylet-sim",
+        "gitVersion": super::KUBERNETES_VERSION,
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z",

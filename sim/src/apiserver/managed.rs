@@ -306,28 +306,97 @@ fn merge(resource: &str, path: &str, live: &Value, config: &Value) -> Value {
         }
         (Value::Array(l), Value::Array(c)) => match schema::ssa_list(resource, path) {
             SsaList::Atomic => config.clone(),
-            SsaList::Set => {
-                let mut out = l.clone();
-                out.extend(c.iter().filter(|v| !l.contains(v)).cloned());
-                Value::Array(out)
-            }
-            SsaList::Map(keys) => {
-                let mut out = l.clone();
-                for item in c {
-                    let key = fieldset::item_key(item, keys);
-                    let existing = out
-                        .iter_mut()
-                        .find(|x| key.is_some() && fieldset::item_key(x, keys) == key);
-                    match existing {
-                        Some(slot) => *slot = merge(resource, path, slot, item),
-                        None => out.push(item.clone()),
-                    }
-                }
-                Value::Array(out)
-            }
+            SsaList::Set => Value::Array(merge_associative(
+                l,
+                c,
+                |v| Some(v.to_string()),
+                |_, r| r.clone(),
+            )),
+            SsaList::Map(keys) => Value::Array(merge_associative(
+                l,
+                c,
+                |v| fieldset::item_key(v, keys),
+                |live_item, item| match live_item {
+                    Some(existing) => merge(resource, path, existing, item),
+                    None => item.clone(),
+                },
+            )),
         },
         _ => config.clone(),
     }
+}
+
+/// Merges an associative list (list-map or set) the way structured-merge-diff orders it:
+/// items only in the live list keep their places, applied items come in the applied order, and
+/// an item in both is emitted where the applied order reaches it.
+fn merge_associative(
+    live: &[Value],
+    applied: &[Value],
+    key_of: impl Fn(&Value) -> Option<String>,
+    merge_item: impl Fn(Option<&Value>, &Value) -> Value,
+) -> Vec<Value> {
+    use std::collections::{HashMap, HashSet, VecDeque};
+    // Items without a key cannot be matched; give them keys no other item has.
+    let keys = |items: &[Value], side: &str| -> Vec<String> {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| key_of(v).unwrap_or_else(|| format!("\u{0}{side}{i}")))
+            .collect()
+    };
+    let (lkeys, rkeys) = (keys(live, "l"), keys(applied, "r"));
+    let in_applied: HashSet<&String> = rkeys.iter().collect();
+    let mut in_live: HashMap<&String, &Value> = HashMap::new();
+    for (k, v) in lkeys.iter().zip(live) {
+        in_live.entry(k).or_insert(v);
+    }
+    let mut shared: VecDeque<&String> = rkeys.iter().filter(|k| in_live.contains_key(k)).collect();
+    let mut next_shared = shared.pop_front();
+    let mut merged: HashSet<&String> = HashSet::new();
+    let mut out = Vec::with_capacity(live.len().max(applied.len()));
+    let (mut li, mut ri) = (0, 0);
+    while li < live.len() || ri < applied.len() {
+        if li < live.len() && ri < applied.len() {
+            let pe = &lkeys[li];
+            if *pe == rkeys[ri] {
+                merged.insert(pe);
+                out.push(merge_item(in_live.get(pe).copied(), &applied[ri]));
+                li += 1;
+                ri += 1;
+                next_shared = shared.pop_front();
+                continue;
+            }
+            if in_applied.contains(pe) && next_shared.is_some_and(|n| n != pe) {
+                li += 1;
+                continue;
+            }
+        }
+        if li < live.len() {
+            let pe = &lkeys[li];
+            if !in_applied.contains(pe) {
+                out.push(live[li].clone());
+                li += 1;
+                continue;
+            }
+            if merged.contains(pe) {
+                li += 1;
+                continue;
+            }
+        }
+        if ri < applied.len() {
+            let pe = &rkeys[ri];
+            merged.insert(pe);
+            out.push(merge_item(in_live.get(pe).copied(), &applied[ri]));
+            ri += 1;
+            if next_shared == Some(pe) {
+                next_shared = shared.pop_front();
+            }
+        } else {
+            // Only live items that were already merged remain.
+            li += 1;
+        }
+    }
+    out
 }
 
 /// The 409 upstream returns when an apply would change fields other managers own.
@@ -459,6 +528,30 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn associative_lists_keep_live_places_and_applied_order() {
+        let key = |v: &Value| v.get("k").map(|k| k.to_string());
+        let pick = |_: Option<&Value>, r: &Value| r.clone();
+        let items = |ks: &[&str]| -> Vec<Value> { ks.iter().map(|k| json!({"k": k})).collect() };
+        let names = |v: Vec<Value>| -> Vec<String> {
+            v.iter()
+                .map(|x| x["k"].as_str().unwrap().to_string())
+                .collect()
+        };
+        // Live-only items keep their place; applied ones follow the applied order.
+        let out = merge_associative(
+            &items(&["a", "b", "c"]),
+            &items(&["c", "x", "a"]),
+            key,
+            pick,
+        );
+        assert_eq!(names(out), ["b", "c", "x", "a"]);
+        let out = merge_associative(&items(&["a", "b"]), &items(&["x"]), key, pick);
+        assert_eq!(names(out), ["a", "b", "x"]);
+        let out = merge_associative(&items(&[]), &items(&["y", "x"]), key, pick);
+        assert_eq!(names(out), ["y", "x"]);
     }
 
     #[test]

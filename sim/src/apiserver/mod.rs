@@ -20,6 +20,8 @@ pub mod failure;
 pub mod fieldset;
 pub mod kinds;
 pub mod managed;
+pub mod openapi;
+pub mod protobuf;
 pub mod proxy;
 pub mod reviews;
 pub mod route;
@@ -37,6 +39,9 @@ use base64::Engine;
 use serde_json::json;
 
 pub use auth::{Policy, Rule, UserInfo};
+
+/// The Kubernetes version the stand-ins report (`/version`, node info).
+pub const KUBERNETES_VERSION: &str = "v1.35.0-relaylet-sim";
 pub use failure::Failure;
 pub use store::Store;
 
@@ -69,6 +74,8 @@ pub struct ApiServerConfig {
     pub policy: Policy,
     /// Bearer tokens and the users they stand for.
     pub tokens: Vec<(String, UserInfo)>,
+    /// How to reach kubelets (None: kubelet calls answer 503).
+    pub kubelet: Option<crate::kubelet_proxy::KubeletClient>,
 }
 
 impl ApiServerConfig {
@@ -81,6 +88,7 @@ impl ApiServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             policy: Policy::default(),
             tokens: Vec::new(),
+            kubelet: None,
         }
     }
 }
@@ -126,6 +134,7 @@ impl ApiServer {
             store: store.clone(),
             policy: cfg.policy,
             tokens: cfg.tokens,
+            kubelet: cfg.kubelet,
             server_address: addr.to_string(),
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);

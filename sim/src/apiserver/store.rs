@@ -76,6 +76,13 @@ struct Shared {
     latest: watch::Sender<u64>,
 }
 
+/// Whether a write is stored or only checked (`dryRun=All`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Write {
+    Commit,
+    DryRun,
+}
+
 /// The object store; clones share the same data.
 #[derive(Clone)]
 pub struct Store {
@@ -149,12 +156,9 @@ impl Store {
                 oldest: state.compacted + 1,
             });
         }
-        let events = state
-            .history
-            .iter()
-            .filter(|e| e.rv > rv)
-            .cloned()
-            .collect();
+        // History is in revision order, so the first unseen event is found by bisection.
+        let first = state.history.partition_point(|e| e.rv <= rv);
+        let events = state.history.range(first..).cloned().collect();
         Ok((events, state.rv.max(rv)))
     }
 
@@ -188,7 +192,27 @@ impl Store {
         &self,
         kind: &'static Kind,
         namespace: &str,
+        obj: Value,
+    ) -> Result<Value, Failure> {
+        self.create_with(kind, namespace, obj, Write::Commit)
+    }
+
+    /// Everything [`Store::create`] checks and fills in, without storing (`dryRun=All`).
+    pub fn create_dry_run(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        obj: Value,
+    ) -> Result<Value, Failure> {
+        self.create_with(kind, namespace, obj, Write::DryRun)
+    }
+
+    fn create_with(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
         mut obj: Value,
+        write: Write,
     ) -> Result<Value, Failure> {
         if kind.flavor == Flavor::Review {
             return Err(Failure::method_not_allowed("store", kind));
@@ -269,6 +293,9 @@ impl Store {
         if state.objects.contains_key(&key) {
             return Err(Failure::already_exists(kind, &name));
         }
+        if write == Write::DryRun {
+            return Ok(obj);
+        }
         let rv = bump(&mut state);
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
         let stored = Arc::new(obj);
@@ -288,6 +315,28 @@ impl Store {
         namespace: &str,
         name: &str,
         change: impl FnOnce(&Value) -> Result<Value, Failure>,
+    ) -> Result<Value, Failure> {
+        self.modify_with(kind, namespace, name, change, Write::Commit)
+    }
+
+    /// Everything [`Store::modify`] checks and computes, without storing (`dryRun=All`).
+    pub fn modify_dry_run(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&Value) -> Result<Value, Failure>,
+    ) -> Result<Value, Failure> {
+        self.modify_with(kind, namespace, name, change, Write::DryRun)
+    }
+
+    fn modify_with(
+        &self,
+        kind: &'static Kind,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&Value) -> Result<Value, Failure>,
+        write: Write,
     ) -> Result<Value, Failure> {
         let key = key(kind, namespace, name);
         let mut state = self.lock();
@@ -335,6 +384,9 @@ impl Store {
         if next == *current {
             // Nothing changed: upstream skips the write and keeps the revision.
             return Ok((*current).clone());
+        }
+        if write == Write::DryRun {
+            return Ok(next);
         }
         let rv = bump(&mut state);
         next["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -409,6 +461,31 @@ impl Store {
         drop(state);
         self.shared.latest.send_replace(rv);
         Ok(last)
+    }
+
+    /// Creates an object given as JSON with its `apiVersion`, `kind` and (for namespaced
+    /// kinds) `metadata.namespace`, as a manifest would carry them.
+    pub fn create_object(&self, obj: Value) -> Result<Value, Failure> {
+        let (kind, namespace) = manifest_kind(&obj)?;
+        self.create(kind, &namespace, obj)
+    }
+
+    /// Creates the object, or replaces the stored one with it whatever its resourceVersion
+    /// (for seeding state in tests and the sandbox).
+    pub fn upsert_object(&self, mut obj: Value) -> Result<Value, Failure> {
+        let (kind, namespace) = manifest_kind(&obj)?;
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+        }
+        match self.modify(kind, &namespace, &name, |_| Ok(obj.clone())) {
+            Err(f) if f.reason == "NotFound" => self.create(kind, &namespace, obj),
+            other => other,
+        }
     }
 
     /// Creates a typed object (`k8s_openapi` types), returning what was stored.
@@ -540,6 +617,23 @@ fn validate_name(kind: &Kind, name: &str) -> Result<(), Failure> {
             "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
         ),
     ))
+}
+
+/// The served kind and namespace a JSON manifest names.
+fn manifest_kind(obj: &Value) -> Result<(&'static Kind, String), Failure> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    let kind_name = obj["kind"].as_str().unwrap_or_default();
+    let kind = kinds::by_kind(api_version, kind_name).ok_or_else(|| {
+        Failure::bad_request(format!(
+            "no kind {kind_name:?} is served in version {api_version:?}"
+        ))
+    })?;
+    let namespace = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    Ok((kind, namespace))
 }
 
 fn typed_kind<K: k8s_openapi::Resource>() -> Result<&'static Kind, Failure> {
@@ -675,6 +769,25 @@ mod tests {
             }
         );
         assert!(store.events_since(3).unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn manifests_create_and_upsert() {
+        let store = seeded();
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "m", "namespace": "default"}, "data": {"a": "1"}});
+        store.create_object(cm.clone()).unwrap();
+        let mut changed = cm.clone();
+        changed["data"]["a"] = json!("2");
+        changed["metadata"]["resourceVersion"] = json!("999");
+        assert_eq!(store.upsert_object(changed).unwrap()["data"]["a"], "2");
+        assert_eq!(
+            store
+                .create_object(json!({"apiVersion": "v9", "kind": "Pod"}))
+                .unwrap_err()
+                .code,
+            400
+        );
     }
 
     #[test]

@@ -258,7 +258,13 @@ fn cells(kind: &Kind, obj: &Value) -> Vec<Value> {
                 .as_str()
                 .or_else(|| obj["eventTime"].as_str())
                 .or_else(|| created(obj));
-            let involved = &obj["involvedObject"];
+            // core/v1 names the object `involvedObject`, events.k8s.io/v1 `regarding`.
+            let involved = if obj["involvedObject"].is_object() {
+                &obj["involvedObject"]
+            } else {
+                &obj["regarding"]
+            };
+            let message = obj["message"].as_str().or_else(|| obj["note"].as_str());
             vec![
                 json!(clock::age(last)),
                 json!(s(&obj["type"])),
@@ -268,7 +274,7 @@ fn cells(kind: &Kind, obj: &Value) -> Vec<Value> {
                     s(&involved["kind"]).to_lowercase(),
                     s(&involved["name"])
                 )),
-                json!(s(&obj["message"])),
+                json!(message.unwrap_or_default()),
             ]
         }
         _ => vec![name, json!(created(obj).unwrap_or_default())],

@@ -30,6 +30,9 @@ const BOOKMARK_EVERY: Duration = Duration::from_secs(2);
 /// Upstream's default watch length when the client names none (its minimum request timeout).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
+/// The longest a watch may last, whatever the client asks.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// One watch request.
 pub struct Watch {
     pub kind: &'static Kind,
@@ -113,7 +116,9 @@ pub fn serve(store: Store, watch: Watch, stop: CancellationToken) -> Body {
 
 async fn run(store: Store, watch: Arc<Watch>, stop: CancellationToken, tx: mpsc::Sender<Bytes>) {
     let mut latest = store.subscribe();
-    let deadline = tokio::time::Instant::now() + watch.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    // Capped, so an absurd timeoutSeconds cannot overflow the clock.
+    let deadline =
+        tokio::time::Instant::now() + watch.timeout.unwrap_or(DEFAULT_TIMEOUT).min(MAX_TIMEOUT);
     let mut cursor = match watch.since.filter(|_| !watch.send_initial_events) {
         Some(rv) => rv,
         None => {
