@@ -18,14 +18,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use relaylet_sim::apiserver::{Policy, Rule};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 
+use crate::Running;
 use crate::config::Config;
 use crate::shutdown::Shutdown;
-use crate::Running;
 
 /// The namespace relaylet runs in, in the root cluster.
 pub const RELAYLET_NAMESPACE: &str = "relaylet-system";
@@ -53,7 +53,9 @@ impl Options {
                         .ok_or_else(|| anyhow::anyhow!("--kubeconfig-out needs a path"))?;
                     options.kubeconfig_out = Some(path.into());
                 }
-                other => anyhow::bail!("unknown sandbox option {other:?} (try --kubeconfig-out PATH)"),
+                other => {
+                    anyhow::bail!("unknown sandbox option {other:?} (try --kubeconfig-out PATH)")
+                }
             }
         }
         Ok(options)
@@ -93,14 +95,24 @@ pub struct Sandbox {
 impl Sandbox {
     /// Starts root, leaves, relaylet and the pods, and waits until every virtual node is Ready.
     pub async fn start(settings: Settings) -> anyhow::Result<Sandbox> {
-        let files = tempfile::Builder::new().prefix("relaylet-sandbox-").tempdir()?;
+        let files = tempfile::Builder::new()
+            .prefix("relaylet-sandbox-")
+            .tempdir()?;
         let mut root_options = ClusterOptions::new("root");
         // Kosmos installs put InternalDNS first: the first address of that type is relaylet's.
-        root_options.preferred_address_types = ["InternalDNS", "InternalIP", "Hostname", "ExternalDNS", "ExternalIP"]
-            .map(String::from)
-            .to_vec();
+        root_options.preferred_address_types = [
+            "InternalDNS",
+            "InternalIP",
+            "Hostname",
+            "ExternalDNS",
+            "ExternalIP",
+        ]
+        .map(String::from)
+        .to_vec();
         root_options.policy = root_policy();
-        let root = Cluster::start(root_options).await.context("starting the root cluster")?;
+        let root = Cluster::start(root_options)
+            .await
+            .context("starting the root cluster")?;
         let store = root.api.store();
         store
             .create_typed(&namespace(RELAYLET_NAMESPACE))
@@ -110,7 +122,9 @@ impl Sandbox {
         for name in &settings.leaves {
             let mut options = ClusterOptions::new(name);
             options.policy = leaf_policy();
-            let leaf = Cluster::start(options).await.with_context(|| format!("starting leaf {name}"))?;
+            let leaf = Cluster::start(options)
+                .await
+                .with_context(|| format!("starting leaf {name}"))?;
             leaf.add_node(&format!("{name}-node"))
                 .await
                 .with_context(|| format!("starting the node of leaf {name}"))?;
@@ -150,8 +164,14 @@ impl Sandbox {
             ("NODE_SERVER_PORT".into(), port.to_string()),
             ("PREFERRED-ADDRESS-TYPE".into(), "InternalDNS".into()),
             ("AUTH_MODE".into(), "webhook".into()),
-            ("APISERVER_CERT_LOCATION".into(), cert_path.display().to_string()),
-            ("APISERVER_KEY_LOCATION".into(), key_path.display().to_string()),
+            (
+                "APISERVER_CERT_LOCATION".into(),
+                cert_path.display().to_string(),
+            ),
+            (
+                "APISERVER_KEY_LOCATION".into(),
+                key_path.display().to_string(),
+            ),
             ("POD_NAME".into(), "relaylet-0".into()),
             ("POD_NAMESPACE".into(), RELAYLET_NAMESPACE.into()),
         ]);
@@ -172,7 +192,9 @@ impl Sandbox {
             files,
         };
         for (index, name) in settings.leaves.iter().enumerate() {
-            sandbox.add_pod(name, &demo_pod(&format!("demo-{}", index + 1))).await?;
+            sandbox
+                .add_pod(name, &demo_pod(&format!("demo-{}", index + 1)))
+                .await?;
         }
         for (leaf, pod) in &settings.pods {
             sandbox.add_pod(leaf, pod).await?;
@@ -252,7 +274,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         }
     );
     println!("  export KUBECONFIG={}", path.display());
-    println!("  kubectl get nodes -o wide; kubectl exec -it demo-1 -- sh; kubectl logs -f demo-2; kubectl port-forward demo-1 8080:8080");
+    println!(
+        "  kubectl get nodes -o wide; kubectl exec -it demo-1 -- sh; kubectl logs -f demo-2; kubectl port-forward demo-1 8080:8080"
+    );
     println!("Ctrl-C stops everything.");
     tokio::signal::ctrl_c().await?;
     sandbox.shutdown.begin.cancel();
@@ -309,10 +333,17 @@ while True:
 /// What relaylet may do in the root cluster: the chart's ClusterRole and Role.
 fn root_policy() -> Policy {
     Policy::new(vec![
-        Rule::group("system:masters").verbs(&["*"]).api_groups(&["*"]).resources(&["*"]),
-        Rule::group("system:masters").verbs(&["*"]).non_resource_urls(&["*"]),
+        Rule::group("system:masters")
+            .verbs(&["*"])
+            .api_groups(&["*"])
+            .resources(&["*"]),
+        Rule::group("system:masters")
+            .verbs(&["*"])
+            .non_resource_urls(&["*"]),
         Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["get", "list", "watch", "create", "patch", "update", "delete"])
+            .verbs(&[
+                "get", "list", "watch", "create", "patch", "update", "delete",
+            ])
             .api_groups(&[""])
             .resources(&["nodes"]),
         Rule::user(RELAYLET_ROOT_USER)
@@ -356,8 +387,13 @@ fn root_policy() -> Policy {
 /// What relaylet may do in a leaf cluster: `deploy/`'s leaf ClusterRole.
 fn leaf_policy() -> Policy {
     Policy::new(vec![
-        Rule::group("system:masters").verbs(&["*"]).api_groups(&["*"]).resources(&["*"]),
-        Rule::group("system:masters").verbs(&["*"]).non_resource_urls(&["*"]),
+        Rule::group("system:masters")
+            .verbs(&["*"])
+            .api_groups(&["*"])
+            .resources(&["*"]),
+        Rule::group("system:masters")
+            .verbs(&["*"])
+            .non_resource_urls(&["*"]),
         Rule::user(RELAYLET_LEAF_USER)
             .verbs(&["get", "list", "watch"])
             .api_groups(&[""])
@@ -409,5 +445,7 @@ fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
+        .local_addr()?
+        .port())
 }

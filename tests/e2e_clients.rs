@@ -10,16 +10,17 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::AttachParams;
 use relaylet::sandbox::{Settings, kube_client};
-use support::{RT, env};
+use support::{Env, RT, env};
 use tokio::io::AsyncReadExt;
 
 fn settings() -> Settings {
     Settings::default()
 }
 
-async fn root_pods() -> Api<Pod> {
-    let e = env(settings);
-    let client = kube_client(&e.sandbox.root.admin_kubeconfig().unwrap()).await.unwrap();
+async fn root_pods(e: &Env) -> Api<Pod> {
+    let client = kube_client(&e.sandbox.root.admin_kubeconfig().unwrap())
+        .await
+        .unwrap();
     Api::namespaced(client, "default")
 }
 
@@ -28,9 +29,17 @@ async fn exec(
     pods: &Api<Pod>,
     pod: &str,
     cmd: &[&str],
-) -> (Vec<u8>, Vec<u8>, Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>) {
+) -> (
+    Vec<u8>,
+    Vec<u8>,
+    Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>,
+) {
     let mut process = pods
-        .exec(pod, cmd.to_vec(), &AttachParams::default().stdout(true).stderr(true))
+        .exec(
+            pod,
+            cmd.to_vec(),
+            &AttachParams::default().stdout(true).stderr(true),
+        )
         .await
         .unwrap_or_else(|e| panic!("exec {cmd:?} in {pod}: {e}"));
     let mut stdout = process.stdout().unwrap();
@@ -61,9 +70,15 @@ fn exit_code(status: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Sta
 
 #[test]
 fn kube_rs_exec_through_the_root() {
+    let e = env(settings);
     RT.block_on(async {
-        let pods = root_pods().await;
-        let (out, err, status) = exec(&pods, "demo-1", &["sh", "-c", "echo via-kube-rs; echo oops >&2; exit 4"]).await;
+        let pods = root_pods(e).await;
+        let (out, err, status) = exec(
+            &pods,
+            "demo-1",
+            &["sh", "-c", "echo via-kube-rs; echo oops >&2; exit 4"],
+        )
+        .await;
         assert_eq!(out, b"via-kube-rs\n");
         assert_eq!(err, b"oops\n");
         assert_eq!(exit_code(&status), 4, "{status:?}");
@@ -75,21 +90,34 @@ fn kube_rs_exec_through_the_root() {
 /// 256 MiB of random bytes through exec arrive byte-identical.
 #[test]
 fn large_exec_output_is_byte_identical() {
+    let e = env(settings);
     RT.block_on(async {
-        let pods = root_pods().await;
+        let pods = root_pods(e).await;
         let size = 256 * 1024 * 1024;
         let (out, err, status) = exec(
             &pods,
             "demo-1",
-            &["sh", "-c", &format!("head -c {size} /dev/urandom | tee big.bin")],
+            &[
+                "sh",
+                "-c",
+                &format!("head -c {size} /dev/urandom | tee big.bin"),
+            ],
         )
         .await;
         assert_eq!(exit_code(&status), 0, "{}", String::from_utf8_lossy(&err));
         assert_eq!(out.len(), size);
         let local = sha256_hex(&out);
-        let (remote, _, status) = exec(&pods, "demo-1", &["sh", "-c", "sha256sum big.bin; rm big.bin"]).await;
+        let (remote, _, status) = exec(
+            &pods,
+            "demo-1",
+            &["sh", "-c", "sha256sum big.bin; rm big.bin"],
+        )
+        .await;
         assert_eq!(exit_code(&status), 0);
-        assert_eq!(String::from_utf8_lossy(&remote).split_whitespace().next(), Some(local.as_str()));
+        assert_eq!(
+            String::from_utf8_lossy(&remote).split_whitespace().next(),
+            Some(local.as_str())
+        );
     });
 }
 
@@ -103,15 +131,21 @@ fn sha256_hex(data: &[u8]) -> String {
 
 #[test]
 fn a_hundred_concurrent_sessions_across_both_leaves() {
+    let e = env(settings);
     RT.block_on(async {
-        let pods = root_pods().await;
+        let pods = root_pods(e).await;
         let sessions = (0..100).map(|i| {
             let pods = pods.clone();
             async move {
                 let pod = if i % 2 == 0 { "demo-1" } else { "demo-2" };
                 let script = format!("sleep 0.2; echo session-{i}-$POD_NAME");
                 let (out, _, status) = exec(&pods, pod, &["sh", "-c", &script]).await;
-                (i, pod, String::from_utf8_lossy(&out).into_owned(), exit_code(&status))
+                (
+                    i,
+                    pod,
+                    String::from_utf8_lossy(&out).into_owned(),
+                    exit_code(&status),
+                )
             }
         });
         let results = tokio::time::timeout(Duration::from_secs(120), join_all(sessions))
@@ -125,14 +159,19 @@ fn a_hundred_concurrent_sessions_across_both_leaves() {
 }
 
 /// A client of relaylet's kubelet API holding the root apiserver's kubelet client certificate.
-async fn kubelet_api_client() -> kube::Client {
-    let e = env(settings);
+async fn kubelet_api_client(e: &Env) -> kube::Client {
     let kubeconfig = e
         .sandbox
         .root
-        .kubeconfig(relaylet_sim::cluster::APISERVER_KUBELET_CLIENT, &["system:masters"])
+        .kubeconfig(
+            relaylet_sim::cluster::APISERVER_KUBELET_CLIENT,
+            &["system:masters"],
+        )
         .unwrap()
-        .replace(&e.sandbox.root.api.url(), &format!("https://{}", e.sandbox.relaylet.addr));
+        .replace(
+            &e.sandbox.root.api.url(),
+            &format!("https://{}", e.sandbox.relaylet.addr),
+        );
     kube_client(&kubeconfig).await.unwrap()
 }
 
@@ -145,11 +184,25 @@ async fn status_of(client: &kube::Client, path: &str) -> (u16, String) {
     }
 }
 
+async fn get_status_of(client: &kube::Client, path: &str) -> (u16, String) {
+    let request = http::Request::get(path).body(Vec::new()).unwrap();
+    match client.request_text(request).await {
+        Ok(body) => (200, body),
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        Err(other) => panic!("{path}: {other}"),
+    }
+}
+
 #[test]
 fn errors_name_what_is_wrong() {
+    let e = env(settings);
     RT.block_on(async {
-        let client = kubelet_api_client().await;
-        let (code, message) = status_of(&client, "/exec/default/no-such-pod/main?command=true&output=1").await;
+        let client = kubelet_api_client(e).await;
+        let (code, message) = status_of(
+            &client,
+            "/exec/default/no-such-pod/main?command=true&output=1",
+        )
+        .await;
         assert_eq!(code, 404);
         assert!(message.contains("default/no-such-pod"), "{message}");
 
@@ -157,11 +210,38 @@ fn errors_name_what_is_wrong() {
         assert_eq!(code, 400);
         assert!(message.contains("command"), "{message}");
 
-        let (code, message) = status_of(&client, "/exec/default/demo-1/main?command=true&output=1").await;
-        assert_eq!(code, 400, "a streaming call without an upgrade is refused: {message}");
+        let (code, message) =
+            status_of(&client, "/exec/default/demo-1/main?command=true&output=1").await;
+        assert_eq!(
+            code, 400,
+            "a streaming call without an upgrade is refused: {message}"
+        );
         assert!(message.contains("upgrade"), "{message}");
 
         let (code, _) = status_of(&client, "/configz").await;
         assert_eq!(code, 404);
+
+        // The leaf's refusals come back as the leaf gave them: its validation (422) ...
+        let (code, message) =
+            get_status_of(&client, "/containerLogs/default/demo-1/main?tailLines=-5").await;
+        assert_eq!(code, 422, "{message}");
+        // ... and its 404 for a root pod that has no leaf pod behind it.
+        let ghost = relaylet_sim::cluster::SimPod {
+            namespace: "default".into(),
+            name: "ghost".into(),
+            containers: vec![relaylet_sim::cluster::SimContainer {
+                name: "main".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        e.sandbox
+            .root
+            .add_pod("relaylet-leaf-1", &ghost)
+            .await
+            .unwrap();
+        let (code, message) = get_status_of(&client, "/containerLogs/default/ghost/main").await;
+        assert_eq!(code, 404, "{message}");
+        assert!(message.contains("ghost"), "{message}");
     });
 }

@@ -112,11 +112,10 @@ impl Cluster {
         config.tokens = options.tokens;
         // Like kube-apiserver without --kubelet-certificate-authority: it presents its client
         // certificate but does not verify kubelet serving certificates.
-        config.kubelet = Some(KubeletClient {
-            preferred_address_types: options.preferred_address_types,
-            default_port: 10250,
-            tls: crate::tls::insecure_client_config(Some(&kubelet_client))?,
-        });
+        let mut kubelet =
+            KubeletClient::new(crate::tls::insecure_client_config(Some(&kubelet_client))?);
+        kubelet.preferred_address_types = options.preferred_address_types;
+        config.kubelet = Some(kubelet);
         let api = ApiServer::start(config).await?;
         let data_dir = tempfile::Builder::new()
             .prefix(&format!("relaylet-sim-{}-", options.name))
@@ -198,7 +197,8 @@ impl Cluster {
             .store()
             .create_typed(&node)
             .map_err(|e| ClusterError::Store(e.to_string()))?;
-        self.lock_kubelets().insert(name.to_string(), kubelet.clone());
+        self.lock_kubelets()
+            .insert(name.to_string(), kubelet.clone());
         Ok(kubelet)
     }
 
@@ -261,6 +261,11 @@ impl Cluster {
                 "state": {"running": {"startedAt": started}},
             }));
         }
+        let conditions: Vec<serde_json::Value> =
+            ["Initialized", "Ready", "ContainersReady", "PodScheduled"]
+                .iter()
+                .map(|t| json!({"type": t, "status": "True", "lastTransitionTime": started}))
+                .collect();
         let object: Pod = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -286,9 +291,7 @@ impl Cluster {
                 "podIPs": [{"ip": "127.0.0.1"}],
                 "startTime": started,
                 "qosClass": "BestEffort",
-                "conditions": ["Initialized", "Ready", "ContainersReady", "PodScheduled"].iter().map(|t| json!({
-                    "type": t, "status": "True", "lastTransitionTime": started
-                })).collect::<Vec<_>>(),
+                "conditions": conditions,
                 "containerStatuses": statuses,
             }
         }))

@@ -311,8 +311,14 @@ pub fn labels(
     let mut labels = BTreeMap::from([
         ("type".to_string(), "virtual-kubelet".to_string()),
         ("kubernetes.io/role".to_string(), "agent".to_string()),
-        ("relaylet.io/leaf-cluster".to_string(), leaf_name.to_string()),
-        ("kubernetes.io/os".to_string(), info.operating_system.clone()),
+        (
+            "relaylet.io/leaf-cluster".to_string(),
+            leaf_name.to_string(),
+        ),
+        (
+            "kubernetes.io/os".to_string(),
+            info.operating_system.clone(),
+        ),
         ("kubernetes.io/arch".to_string(), info.architecture.clone()),
     ]);
     if preferred_type == "Hostname" {
@@ -598,7 +604,13 @@ mod tests {
         let info = node_info(Some("v1.34.2"), &nodes);
         assert_eq!(info.kubelet_version, "v1.34.2");
         assert_eq!(info.architecture, "arm64");
-        let with_hostname = labels("relaylet-leaf-1", "leaf-1", "Hostname", &info, &BTreeMap::new());
+        let with_hostname = labels(
+            "relaylet-leaf-1",
+            "leaf-1",
+            "Hostname",
+            &info,
+            &BTreeMap::new(),
+        );
         assert_eq!(with_hostname["kubernetes.io/hostname"], "relaylet-leaf-1");
         let l = labels(
             "relaylet-leaf-1",

@@ -277,7 +277,13 @@ impl Controller {
         if let Some(node) = nodes.get_opt(&leaf.node_name).await? {
             return Ok(node);
         }
-        let mut labels = desired::labels(&leaf.node_name, &leaf.name, &self.config.preferred_address_type, info, &leaf.node_labels);
+        let mut labels = desired::labels(
+            &leaf.node_name,
+            &leaf.name,
+            &self.config.preferred_address_type,
+            info,
+            &leaf.node_labels,
+        );
         labels.insert(
             MANAGED_BY_LABEL.0.to_string(),
             MANAGED_BY_LABEL.1.to_string(),
@@ -317,7 +323,13 @@ impl Controller {
         node: &Node,
         info: &k8s_openapi::api::core::v1::NodeSystemInfo,
     ) -> Result<(), kube::Error> {
-        let mut labels = desired::labels(&leaf.node_name, &leaf.name, &self.config.preferred_address_type, info, &leaf.node_labels);
+        let mut labels = desired::labels(
+            &leaf.node_name,
+            &leaf.name,
+            &self.config.preferred_address_type,
+            info,
+            &leaf.node_labels,
+        );
         labels.insert(
             MANAGED_BY_LABEL.0.to_string(),
             MANAGED_BY_LABEL.1.to_string(),

@@ -35,8 +35,13 @@ pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
         RT.block_on(async {
             let sandbox = Sandbox::start(settings).await.expect("sandbox starts");
             let kubeconfig = sandbox.files().join("root-admin.kubeconfig");
-            sandbox.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
-            Env { sandbox, kubeconfig }
+            sandbox
+                .write_kubeconfig(&kubeconfig)
+                .expect("kubeconfig written");
+            Env {
+                sandbox,
+                kubeconfig,
+            }
         })
     })
 }
@@ -46,7 +51,11 @@ pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
 pub fn kubectls() -> Vec<Kubectl> {
     ["1.27", "1.33", "1.35"]
         .iter()
-        .map(|v| relaylet_sim::tools::kubectl(v).unwrap_or_else(|| panic!("kubectl {v} is not available: run tests/tools/install.sh")))
+        .map(|v| {
+            relaylet_sim::tools::kubectl(v).unwrap_or_else(|| {
+                panic!("kubectl {v} is not available: run tests/tools/install.sh")
+            })
+        })
         .collect()
 }
 
@@ -78,8 +87,10 @@ impl<'a> Run<'a> {
     }
 
     pub fn spdy_only(mut self) -> Self {
-        self.env.push(("KUBECTL_REMOTE_COMMAND_WEBSOCKETS".into(), "false".into()));
-        self.env.push(("KUBECTL_PORT_FORWARD_WEBSOCKETS".into(), "false".into()));
+        self.env
+            .push(("KUBECTL_REMOTE_COMMAND_WEBSOCKETS".into(), "false".into()));
+        self.env
+            .push(("KUBECTL_PORT_FORWARD_WEBSOCKETS".into(), "false".into()));
         self
     }
 
@@ -87,7 +98,10 @@ impl<'a> Run<'a> {
         let mut cmd = std::process::Command::new(&self.kubectl.path);
         cmd.args(&self.args)
             .env("KUBECONFIG", self.kubeconfig)
-            .env("HOME", self.kubeconfig.parent().unwrap_or(Path::new("/tmp")))
+            .env(
+                "HOME",
+                self.kubeconfig.parent().unwrap_or(Path::new("/tmp")),
+            )
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
@@ -96,9 +110,13 @@ impl<'a> Run<'a> {
     pub fn output(self) -> Output {
         use std::io::Write;
         let mut cmd = self.command();
-        cmd.stdin(if self.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.stdin(if self.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("kubectl runs");
         if let Some(data) = &self.stdin {
             let mut stdin = child.stdin.take().expect("stdin");

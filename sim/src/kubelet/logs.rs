@@ -111,8 +111,10 @@ pub async fn serve(
         pod = %pod_name,
         %container
     );
+    let open = OpenStream::new(shared.open_log_streams.clone());
     tokio::spawn(
         async move {
+            let _open = open;
             if let Err(e) = read_logs(file, instance, opts, tx).await {
                 tracing::debug!(error = %e, "log stream ended with error");
             }
@@ -129,6 +131,22 @@ pub async fn serve(
         .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "building response"))
+}
+
+/// Counts a containerLogs response as open until its reader ends.
+struct OpenStream(Arc<std::sync::atomic::AtomicUsize>);
+
+impl OpenStream {
+    fn new(counter: Arc<std::sync::atomic::AtomicUsize>) -> OpenStream {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        OpenStream(counter)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Why reading stopped early.

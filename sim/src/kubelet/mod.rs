@@ -111,6 +111,8 @@ struct Shared {
     pods: pods::Pods,
     /// Fires when the kubelet stops: every streaming session ends with it.
     stop: CancellationToken,
+    /// containerLogs responses still being written (tests check follows end with their client).
+    open_log_streams: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A running kubelet stand-in; stops (and kills all its processes) when dropped.
@@ -143,6 +145,7 @@ impl Kubelet {
             stream_idle_timeout: cfg.stream_idle_timeout,
             pods: pods::Pods::default(),
             stop: CancellationToken::new(),
+            open_log_streams: Arc::default(),
         });
         let served = serve_tls(listener, cfg.tls, routes::router(shared.clone()));
         tracing::info!(node = %shared.node_name, %addr, "kubelet stand-in listening");
@@ -196,6 +199,13 @@ impl Kubelet {
     }
 
     /// Stops serving, ends every streaming session and kills every process.
+    /// How many containerLogs responses are still being written.
+    pub fn open_log_streams(&self) -> usize {
+        self.shared
+            .open_log_streams
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn stop(&self) {
         self.shared.stop.cancel();
         self.served.stop();
