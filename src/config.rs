@@ -77,6 +77,33 @@ pub struct Config {
     pub leader_elect: bool,
     pub metrics_addr: SocketAddr,
     pub log_format: LogFormat,
+    pub limits: Limits,
+}
+
+/// Caps that keep one client (or a flood) from exhausting relaylet. Past a cap the caller gets
+/// a 503 `metav1.Status` and relaylet stays up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Open TCP connections in total (`MAX_CONNECTIONS`).
+    pub connections: usize,
+    /// Open TCP connections from one source address (`MAX_CONNECTIONS_PER_CLIENT`).
+    pub connections_per_client: usize,
+    /// Open exec/attach/port-forward streams in total (`MAX_SESSIONS`).
+    pub sessions: usize,
+    /// Open streams of one authenticated user (`MAX_SESSIONS_PER_USER`). All calls relayed by
+    /// the root apiserver share its kubelet-client identity, so keep this generous.
+    pub sessions_per_user: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: 16384,
+            connections_per_client: 8192,
+            sessions: 16384,
+            sessions_per_user: 8192,
+        }
+    }
 }
 
 /// One bad environment variable.
@@ -257,6 +284,17 @@ impl Config {
             }),
         };
 
+        let defaults = Limits::default();
+        let limits = Limits {
+            connections: vars.count("MAX_CONNECTIONS", defaults.connections),
+            connections_per_client: vars.count(
+                "MAX_CONNECTIONS_PER_CLIENT",
+                defaults.connections_per_client,
+            ),
+            sessions: vars.count("MAX_SESSIONS", defaults.sessions),
+            sessions_per_user: vars.count("MAX_SESSIONS_PER_USER", defaults.sessions_per_user),
+        };
+
         let config = Config {
             leaf_node_ip,
             preferred_address_type,
@@ -277,6 +315,7 @@ impl Config {
             leader_elect,
             metrics_addr,
             log_format,
+            limits,
         };
         if vars.errors.is_empty() {
             Ok(config)
@@ -325,6 +364,16 @@ impl Vars<'_> {
                 self.error(var, &message);
                 fallback
             }
+        }
+    }
+
+    fn count(&mut self, var: &'static str, default: usize) -> usize {
+        match self.get(var) {
+            None => default,
+            Some(raw) => self.parse(var, &raw, default, |v| match v.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("{v:?} is not a whole number greater than zero")),
+            }),
         }
     }
 
@@ -447,6 +496,21 @@ mod tests {
         assert_eq!(c.leaf_secret_label, DEFAULT_LEAF_SECRET_LABEL);
         assert_eq!(c.node_name("leaf-1"), "relaylet-leaf-1");
         assert!(c.leader_elect);
+        assert_eq!(c.limits, Limits::default());
+    }
+
+    #[test]
+    fn limits_are_positive_counts() {
+        let c = config(&[("LEAF_NODE_IP", "10.0.0.1"), ("MAX_SESSIONS", "20000")]).unwrap();
+        assert_eq!(c.limits.sessions, 20000);
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("MAX_CONNECTIONS", "0"),
+            ("MAX_SESSIONS_PER_USER", "lots"),
+        ])
+        .unwrap_err();
+        let vars: Vec<_> = err.0.iter().map(|e| e.var).collect();
+        assert_eq!(vars, ["MAX_CONNECTIONS", "MAX_SESSIONS_PER_USER"]);
     }
 
     #[test]

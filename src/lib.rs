@@ -5,10 +5,12 @@
 //! call to that cluster's apiserver, splicing the streams. See DESIGN in the repository README.
 
 pub mod auth;
+pub mod client_ca;
 pub mod config;
 pub mod kubelet_request;
 pub mod leader;
 pub mod leaf;
+pub mod limits;
 pub mod node_server;
 pub mod pod_index;
 pub mod relay;
@@ -25,8 +27,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{Api, Client};
+use kube::Client;
 
 use crate::config::{AuthMode, Config};
 use crate::leaf::Registry;
@@ -96,11 +97,11 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     });
     spawn_until(&shutdown, controller.run());
 
-    let client_roots = match config.auth_mode {
+    let client_ca = match config.auth_mode {
         AuthMode::None => None,
-        _ => Some(client_ca(&config, &root).await?),
+        _ => Some(client_ca::start(&config, &root, shutdown.begin.clone()).await?),
     };
-    let tls = tls::server_config(&config, client_roots)?;
+    let tls = tls::server_config(&config, client_ca)?;
     let addr = SocketAddr::new(config.leaf_node_ip, config.node_server_port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -112,6 +113,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         );
     }
     let server = Arc::new(node_server::NodeServer {
+        gate: limits::Gate::new(config.limits),
         auth: auth::Authenticator::new(config.auth_mode, Some(root.clone())),
         registry: registry.clone(),
         pods,
@@ -145,24 +147,4 @@ fn spawn_until(shutdown: &Shutdown, task: impl std::future::Future<Output = ()> 
             _ = stop.cancelled() => {}
         }
     });
-}
-
-/// The CA bundle that verifies callers' client certificates: `APISERVER_CA_CERT_LOCATION`, or
-/// the root cluster's own client CA as kube-apiserver publishes it.
-async fn client_ca(config: &Config, root: &Client) -> anyhow::Result<rustls::RootCertStore> {
-    if let Some(path) = &config.client_ca {
-        return tls::read_roots(path).context("APISERVER_CA_CERT_LOCATION");
-    }
-    let api: Api<ConfigMap> = Api::namespaced(root.clone(), "kube-system");
-    let cm = api
-        .get("extension-apiserver-authentication")
-        .await
-        .context("reading the root client CA from kube-system/extension-apiserver-authentication (set APISERVER_CA_CERT_LOCATION to give it directly)")?;
-    let pem = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get("client-ca-file"))
-        .context("kube-system/extension-apiserver-authentication has no client-ca-file")?;
-    tls::roots_from_pem(pem.as_bytes())
-        .map_err(|e| anyhow::anyhow!("root client CA (client-ca-file): {e}"))
 }

@@ -24,6 +24,7 @@ use tracing::Instrument;
 use crate::auth::{Access, Authenticator};
 use crate::kubelet_request::{KubeletRequest, RequestError};
 use crate::leaf::Registry;
+use crate::limits::Gate;
 use crate::pod_index::{PodIndex, RouteError};
 use crate::relay::Relay;
 use crate::status;
@@ -32,8 +33,9 @@ use crate::status;
 /// Slow clients (slowloris) are cut after this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest request head accepted (request line and headers).
+/// Largest request head accepted (request line and headers), and most header lines.
 const MAX_HEAD_BYTES: usize = 128 * 1024;
+const MAX_HEADERS: usize = 100;
 
 /// The client certificate chain the caller presented, leaf first.
 #[derive(Clone, Default)]
@@ -41,6 +43,7 @@ struct PeerCert(Option<Arc<CertificateDer<'static>>>);
 
 /// Everything a request handler needs.
 pub struct NodeServer {
+    pub gate: Arc<Gate>,
     pub auth: Authenticator,
     pub registry: Registry,
     pub pods: PodIndex,
@@ -65,6 +68,7 @@ pub async fn serve(
     stop: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let gate = server.gate.clone();
     let app = server.router();
     loop {
         let (tcp, peer) = tokio::select! {
@@ -81,9 +85,18 @@ pub async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let app = app.clone();
         let stop = stop.clone();
+        // Over a cap, the connection is still answered (a 503 Status, then closed), so the
+        // caller learns why; the permit-holding connections are not disturbed.
+        let (permit, app) = match gate.connection(peer.ip()) {
+            Ok(permit) => (Some(permit), app.clone()),
+            Err(err) => {
+                tracing::warn!(%peer, %err, "connection refused");
+                (None, refusal(err.to_string()))
+            }
+        };
         tokio::spawn(async move {
+            let _permit = permit;
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(err)) => {
@@ -123,7 +136,8 @@ async fn serve_connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEAD_BYTES);
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS);
     let conn = builder
         .serve_connection(TokioIo::new(tls), service)
         .with_upgrades();
@@ -140,6 +154,21 @@ async fn serve_connection(
             let _ = conn.await;
         }
     }
+}
+
+/// A router that answers every request with 503 and `message`, and closes the connection.
+fn refusal(message: String) -> Router {
+    Router::new().fallback(move || {
+        let message = message.clone();
+        async move {
+            let mut resp = status::response(StatusCode::SERVICE_UNAVAILABLE, message);
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            resp
+        }
+    })
 }
 
 async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
@@ -211,12 +240,23 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
         leaf = %leaf.name,
         user = %caller.user,
     );
+    let permit = if kreq.kind.is_streaming() {
+        match server.gate.session(&caller.user) {
+            Ok(permit) => Some(permit),
+            Err(err) => {
+                tracing::warn!(user = %caller.user, %err, "session refused");
+                return status::response(StatusCode::SERVICE_UNAVAILABLE, err.to_string());
+            }
+        }
+    } else {
+        None
+    };
     let path = kreq.leaf_path(&route.leaf_namespace, &route.leaf_pod);
     async move {
         tracing::info!("relaying");
         server
             .relay
-            .forward(req.map(Body::new), kreq.kind, leaf, path)
+            .forward(req.map(Body::new), kreq.kind, leaf, path, permit)
             .await
     }
     .instrument(span)

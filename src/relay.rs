@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use crate::kubelet_request::Kind;
 use crate::leaf::Leaf;
+use crate::limits::Permit;
 use crate::splice::{self, ClientSide};
 use crate::status;
 
@@ -58,16 +59,18 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Relays `req` to `path` (path and query) on `leaf`.
+    /// Relays `req` to `path` (path and query) on `leaf`. A streaming session holds `permit`
+    /// until its splice ends.
     pub async fn forward(
         &self,
         req: Request<Body>,
         kind: Kind,
         leaf: Arc<Leaf>,
         path: String,
+        permit: Option<Permit<String>>,
     ) -> Response {
         if kind.is_streaming() {
-            self.forward_upgrade(req, leaf, path).await
+            self.forward_upgrade(req, leaf, path, permit).await
         } else {
             self.forward_logs(req, leaf, path).await
         }
@@ -78,6 +81,7 @@ impl Relay {
         mut req: Request<Body>,
         leaf: Arc<Leaf>,
         path: String,
+        permit: Option<Permit<String>>,
     ) -> Response {
         if !is_upgrade(req.headers()) {
             return status::response(
@@ -131,6 +135,8 @@ impl Relay {
         let leaf_name = leaf.name.clone();
         tokio::spawn(
             async move {
+                // The session counts against the caps until its splice ends.
+                let _permit = permit;
                 let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
                     Ok(both) => both,
                     Err(err) => {

@@ -38,11 +38,11 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Builds the node server's TLS settings. With `client_roots`, client certificates are verified
-/// against them when offered (callers without one may still use a bearer token).
+/// Builds the node server's TLS settings. With `client_ca`, client certificates are verified
+/// against it when offered (callers without one may still use a bearer token).
 pub fn server_config(
     config: &Config,
-    client_roots: Option<RootCertStore>,
+    client_ca: Option<Arc<ClientCa>>,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let resolver: Arc<dyn ResolvesServerCert> = match &config.serving_cert {
         ServingCert::Files { cert, key } => Arc::new(FileCert::load(cert.clone(), key.clone())?),
@@ -57,13 +57,8 @@ pub fn server_config(
     };
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?;
-    let builder = match client_roots {
-        Some(roots) => builder.with_client_cert_verifier(
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| TlsError::ClientCa(e.to_string()))?,
-        ),
+    let builder = match client_ca {
+        Some(ca) => builder.with_client_cert_verifier(ca),
         None => builder.with_no_client_auth(),
     };
     let mut tls = builder.with_cert_resolver(resolver);
@@ -189,5 +184,93 @@ impl ResolvesServerCert for FileCert {
             }
         }
         Some(current.1.clone())
+    }
+}
+
+/// The client CA, swappable while running: the root cluster's CA bundle can change (rotation,
+/// an added CA) and relaylet must follow without a restart.
+#[derive(Debug)]
+pub struct ClientCa {
+    current: std::sync::RwLock<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+}
+
+impl ClientCa {
+    pub fn new(roots: RootCertStore) -> Result<Arc<ClientCa>, TlsError> {
+        Ok(Arc::new(ClientCa {
+            current: std::sync::RwLock::new(verifier(roots)?),
+        }))
+    }
+
+    /// Verifies against `roots` from the next handshake on.
+    pub fn replace(&self, roots: RootCertStore) -> Result<(), TlsError> {
+        let new = verifier(roots)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = new;
+        Ok(())
+    }
+
+    fn get(&self) -> Arc<dyn rustls::server::danger::ClientCertVerifier> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+fn verifier(
+    roots: RootCertStore,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::ClientCa(e.to_string()))
+}
+
+impl rustls::server::danger::ClientCertVerifier for ClientCa {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        // Callers with a bearer token instead of a certificate must get through the handshake;
+        // the HTTP layer turns away anyone without credentials (401).
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        // No hints: a Go client sends its certificate whatever CA the server names, but only
+        // when the hint list is empty or matches; empty is always safe.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        self.get()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.get().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.get().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.get().supported_verify_schemes()
     }
 }
