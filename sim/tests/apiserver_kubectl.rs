@@ -1,7 +1,8 @@
 //! Real kubectl binaries (1.27, 1.29, 1.30, 1.32, 1.33: both sides of the SPDY/WebSocket and
 //! discovery changes) against the API server
 //! stand-in: discovery, get/describe of pods and nodes, wide output, apply (client- and
-//! server-side), delete, server-side dry run, top (metrics API), auth can-i,
+//! server-side), create generators, label, delete, server-side dry run, top (metrics API),
+//! auth can-i,
 //! and the 401/403 answers for missing credentials and denied requests.
 
 mod support;
@@ -229,8 +230,61 @@ async fn kubectl_versions_work_against_the_stand_in() {
         );
 
         // Server-side dry run checks and answers but stores nothing.
-        // (Not `kubectl create configmap`: from 1.32 it posts protobuf, which this stand-in
-        // does not decode for stored kinds.)
+        // Generators (protobuf bodies from kubectl 1.32 on): a leaf-cluster Secret the way an
+        // operator adds one, a ConfigMap and a Namespace.
+        let ns: &'static str = Box::leak(format!("team-{minor}").into_boxed_str());
+        let created = run(admin.clone(), vec!["create", "namespace", ns]).await;
+        assert!(created.ok, "{ctx} create namespace: {}", created.stderr);
+        let created = run(
+            admin.clone(),
+            vec![
+                "create",
+                "secret",
+                "generic",
+                "leaf-east",
+                "-n",
+                ns,
+                "--from-literal=kubeconfig=apiVersion: v1",
+            ],
+        )
+        .await;
+        assert!(created.ok, "{ctx} create secret: {}", created.stderr);
+        let labelled = run(
+            admin.clone(),
+            vec![
+                "label",
+                "secret",
+                "leaf-east",
+                "-n",
+                ns,
+                "relaylet.io/leaf-cluster=east",
+            ],
+        )
+        .await;
+        assert!(labelled.ok, "{ctx} label: {}", labelled.stderr);
+        let secrets = relaylet_sim::apiserver::kinds::by_resource("", "secrets").unwrap();
+        let secret = api.store().get(secrets, ns, "leaf-east").unwrap();
+        assert_eq!(
+            secret["data"]["kubeconfig"], "YXBpVmVyc2lvbjogdjE=",
+            "{ctx}"
+        );
+        assert_eq!(secret["type"], "Opaque", "{ctx}");
+        assert_eq!(
+            secret["metadata"]["labels"]["relaylet.io/leaf-cluster"], "east",
+            "{ctx}"
+        );
+        let created = run(
+            admin.clone(),
+            vec!["create", "configmap", "gen", "-n", ns, "--from-literal=a=b"],
+        )
+        .await;
+        assert!(created.ok, "{ctx} create configmap: {}", created.stderr);
+        assert_eq!(
+            api.store().get(kind, ns, "gen").unwrap()["data"]["a"],
+            "b",
+            "{ctx}"
+        );
+
         let dry = run(
             admin.clone(),
             vec!["apply", "--dry-run=server", "-f", manifest, "-o", "name"],

@@ -333,7 +333,7 @@ async fn resource(
             if kind.namespaced() && target.namespace.is_empty() {
                 return Err(Failure::method_not_allowed("create", kind));
             }
-            let body = read_json(req).await?;
+            let body = read_object(req, kind).await?;
             create(&store, &target, body, &manager)
         }
         "update" => {
@@ -390,6 +390,15 @@ async fn read_json(req: Request) -> Result<Value, Failure> {
     let content_type = content_type(req.headers());
     let body = read_body(req).await?;
     decode(&body, &content_type)
+}
+
+/// A request body for `kind`: JSON, YAML, or the protobuf kubectl's typed clients send.
+async fn read_object(req: Request, kind: &Kind) -> Result<Value, Failure> {
+    if content_type(req.headers()) == "application/vnd.kubernetes.protobuf" {
+        let body = read_body(req).await?;
+        return super::protobuf::decode_object(&body, kind.kind);
+    }
+    read_json(req).await
 }
 
 async fn read_optional_json(req: Request) -> Result<Value, Failure> {
@@ -613,6 +622,16 @@ fn reconcile(kind: &Kind, subresource: &str, live: &Value, mut next: Value) -> V
     }
 }
 
+/// Upstream's defaulting for the fields clients commonly leave out.
+fn defaults(kind: &Kind, body: &mut Value) {
+    if kind.group.is_empty()
+        && kind.kind == "Secret"
+        && body.get("type").is_none_or(|t| t.as_str() == Some(""))
+    {
+        body["type"] = json!("Opaque");
+    }
+}
+
 fn check_type(kind: &Kind, body: &Value) -> Result<(), Failure> {
     if !body.is_object() {
         return Err(Failure::bad_request("the object must be a JSON object"));
@@ -680,6 +699,7 @@ fn create(
             "resourceVersion should not be set on objects to be created",
         ));
     }
+    defaults(kind, &mut body);
     if kind.kind == "Pod" {
         // Upstream's pod strategy resets status on create; the kubelet reports it later.
         body["status"] = json!({ "phase": "Pending" });
@@ -697,10 +717,11 @@ fn create(
 fn update(
     store: &Writer<'_>,
     target: &ResourcePath,
-    body: Value,
+    mut body: Value,
     manager: &str,
 ) -> Result<Response, Failure> {
     let kind = target.kind;
+    defaults(kind, &mut body);
     check_type(kind, &body)?;
     check_namespace(target, &body)?;
     let api_version = kind.api_version();
