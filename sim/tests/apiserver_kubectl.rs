@@ -137,6 +137,34 @@ async fn kubectl_versions_work_against_the_stand_in() {
             wide.stdout
         );
 
+        let all = run(admin.clone(), vec!["get", "pods", "-A", "-l", "app=web"]).await;
+        assert!(all.ok, "{ctx}: {}", all.stderr);
+        let header: Vec<&str> = all
+            .stdout
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(header[..2], ["NAMESPACE", "NAME"], "{ctx}: {}", all.stdout);
+        assert_eq!(all.stdout.lines().count(), 2, "{ctx}: {}", all.stdout);
+        let none = run(
+            admin.clone(),
+            vec!["get", "pods", "--field-selector", "spec.nodeName=elsewhere"],
+        )
+        .await;
+        assert!(
+            none.ok && none.stdout.is_empty(),
+            "{ctx}: {} {}",
+            none.stdout,
+            none.stderr
+        );
+        assert!(
+            none.stderr.contains("No resources found"),
+            "{ctx}: {}",
+            none.stderr
+        );
+
         let nodes = run(admin.clone(), vec!["get", "nodes", "-o", "wide"]).await;
         assert!(nodes.ok, "{ctx}: {}", nodes.stderr);
         let row: Vec<&str> = nodes
