@@ -8,9 +8,15 @@
 //!
 //! Files: [`api`] handles requests; [`route`] parses URLs; [`auth`] and [`reviews`] decide who
 //! may do what; [`store`] keeps objects and history; [`watch`] streams changes; [`smp`],
-//! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`] and [`table`] are
-//! what kubectl reads; [`kinds`] and [`schema`] describe the served types; [`proxy`] reaches
-//! kubelets.
+//! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`], [`openapi`] and
+//! [`table`] are what kubectl reads; [`protobuf`] decodes the protobuf bodies kubectl's typed
+//! clients send; [`kinds`] and [`schema`] describe the served types; [`proxy`] reaches
+//! kubelets; [`clock`] and [`failure`] are the shared timestamp and error conventions.
+//!
+//! Known simplifications: objects are deleted at once (no graceful deletion or finalizer
+//! wait, no garbage collection); `fieldValidation=Strict` is accepted without a schema to
+//! check against; lists served in pages are not a consistent snapshot across pages; protobuf
+//! bodies are decoded only for review kinds, ConfigMap, Secret and Namespace.
 
 pub mod api;
 pub mod auth;
