@@ -11,7 +11,8 @@
 //! - the container is defaulted and validated and the query translated to the kubelet's names;
 //! - SPDY and WebSocket v1-v4 upgrades are relayed byte for byte, WebSocket `v5.channel.k8s.io`
 //!   exec/attach is translated to SPDY ([`translator`]), and port-forward WebSockets offering
-//!   `SPDY/3.1+portforward.k8s.io` are tunnelled ([`tunnel`]);
+//!   `SPDY/3.1+portforward.k8s.io` are tunnelled ([`tunnel`]) - unless the node declares
+//!   `ExtendWebSocketsToKubelet` (1.36), then WebSockets are relayed to the kubelet as well;
 //! - logs are a plain streamed GET body that stops when the client goes.
 //!
 //! relaylet sits exactly where the kubelet would, so these details decide whether the tests
@@ -55,7 +56,14 @@ pub struct KubeletClient {
     pub default_port: u16,
     /// The apiserver's kubelet client certificate and the trust it has in kubelets.
     pub tls: Arc<rustls::ClientConfig>,
+    /// The `ExtendWebSocketsToKubelet` gate (beta, on by default in 1.36): WebSockets go to
+    /// kubelets whose Node declares the feature untouched, instead of being translated (v5
+    /// exec/attach) or tunnelled (port-forward) here.
+    pub extend_websockets_to_kubelet: bool,
 }
+
+/// The node-declared feature that lets WebSockets through to the kubelet.
+pub const EXTEND_WEBSOCKETS_TO_KUBELET: &str = "ExtendWebSocketsToKubelet";
 
 /// The pod subresources that reach the kubelet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +145,19 @@ impl KubeletClient {
                 .collect(),
             default_port: DEFAULT_KUBELET_PORT,
             tls,
+            extend_websockets_to_kubelet: true,
         }
+    }
+
+    /// Whether WebSockets for this node go straight to its kubelet: the gate is on and the
+    /// node lists the feature in `status.declaredFeatures` (`checkNodeSupportsWebsockets`).
+    pub fn websockets_reach_kubelet(&self, node: &Node) -> bool {
+        self.extend_websockets_to_kubelet
+            && node
+                .status
+                .as_ref()
+                .and_then(|s| s.declared_features.as_ref())
+                .is_some_and(|f| f.iter().any(|f| f == EXTEND_WEBSOCKETS_TO_KUBELET))
     }
 
     /// node -> (host, port) exactly as kube-apiserver picks: for each preferred type in order,
@@ -200,9 +220,24 @@ impl KubeletClient {
         node: &Node,
         sub: PodSubresource,
     ) -> Response {
-        match self.proxy_pod_inner(req, pod, node, sub).await {
+        use tracing::Instrument;
+        let span = tracing::debug_span!(
+            "kubelet_proxy",
+            namespace = pod.metadata.namespace.as_deref().unwrap_or(""),
+            pod = pod.metadata.name.as_deref().unwrap_or(""),
+            node = node.metadata.name.as_deref().unwrap_or(""),
+            subresource = ?sub,
+        );
+        match self
+            .proxy_pod_inner(req, pod, node, sub)
+            .instrument(span)
+            .await
+        {
             Ok(response) => response,
-            Err(err) => err.into_response(),
+            Err(err) => {
+                tracing::debug!(%err, "kubelet proxy refused the request");
+                err.into_response()
+            }
         }
     }
 
@@ -214,12 +249,6 @@ impl KubeletClient {
         sub: PodSubresource,
     ) -> Result<Response, ProxyError> {
         let query = Query::parse(req.uri().query());
-        let pod_ref = format!(
-            "{}/{}",
-            pod.metadata.namespace.as_deref().unwrap_or(""),
-            pod.metadata.name.as_deref().unwrap_or("")
-        );
-        tracing::debug!(pod = %pod_ref, ?sub, "proxying to the kubelet");
         match sub {
             PodSubresource::Log => {
                 let Some(target) = location::log_target(pod, &query)? else {
@@ -227,7 +256,8 @@ impl KubeletClient {
                     return Ok(text_response(Body::empty()));
                 };
                 let backend = self.backend(node)?;
-                Ok(logs(&backend, req, &target.path_and_query()).await)
+                let name = pod.metadata.name.as_deref().unwrap_or("");
+                Ok(logs(&backend, req, &target.path_and_query(), name).await)
             }
             PodSubresource::Exec | PodSubresource::Attach => {
                 let verb = if sub == PodSubresource::Exec {
@@ -237,7 +267,8 @@ impl KubeletClient {
                 };
                 let (target, options) = location::stream_target(pod, &query, verb)?;
                 let backend = self.backend(node)?;
-                if translator::is_v5_request(req.headers()) {
+                if translator::is_v5_request(req.headers()) && !self.websockets_reach_kubelet(node)
+                {
                     return Ok(translator::translate(backend, req, target, options));
                 }
                 upgrade_required(&req)?;
@@ -246,7 +277,8 @@ impl KubeletClient {
             PodSubresource::PortForward => {
                 let target = location::port_forward_target(pod, &query)?;
                 let backend = self.backend(node)?;
-                if tunnel::is_tunnel_request(req.headers()) {
+                if tunnel::is_tunnel_request(req.headers()) && !self.websockets_reach_kubelet(node)
+                {
                     return Ok(tunnel::tunnel(&backend, req, &target.path_and_query()).await);
                 }
                 upgrade_required(&req)?;
@@ -305,7 +337,12 @@ fn text_response(body: Body) -> Response {
 
 /// `LocationStreamer` with the pods/log response checker: a GET to the kubelet whose body is
 /// streamed back chunk by chunk as `text/plain`; kubelet errors become Status errors.
-async fn logs(backend: &Backend, req: Request<Body>, path_and_query: &str) -> Response {
+async fn logs(
+    backend: &Backend,
+    req: Request<Body>,
+    path_and_query: &str,
+    pod_name: &str,
+) -> Response {
     let url = backend.url(path_and_query);
     let mut sender = match backend.connect().await {
         Ok(sender) => sender,
@@ -331,18 +368,100 @@ async fn logs(backend: &Backend, req: Request<Body>, path_and_query: &str) -> Re
     };
     let status = response.status();
     if !(200..=206).contains(&status.as_u16()) {
-        use http_body_util::BodyExt;
         // The checker reads at most 50000 bytes of the error.
-        let limited = http_body_util::Limited::new(response.into_body(), 50_000);
-        let body = match limited.collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(_) => bytes::Bytes::new(),
-        };
-        let text = String::from_utf8_lossy(&body).into_owned();
-        return match status.as_u16() {
-            500 => ProxyError::Internal(format!("Internal error occurred: {text}")).into_response(),
-            _ => crate::status::response(status, text),
-        };
+        let body = read_prefix(response.into_body(), 50_000).await;
+        return log_error(status, &String::from_utf8_lossy(&body), pod_name);
     }
     text_response(Body::new(response.into_body()))
+}
+
+/// Up to `limit` bytes of a body (like Go's `io.LimitReader`), however long the body is.
+async fn read_prefix(mut body: hyper::body::Incoming, limit: usize) -> Vec<u8> {
+    use http_body_util::BodyExt;
+    let mut out = Vec::new();
+    while out.len() < limit {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    let take = data.len().min(limit - out.len());
+                    out.extend_from_slice(&data[..take]);
+                }
+            }
+            Some(Err(_)) | None => break,
+        }
+    }
+    out
+}
+
+/// `GenericHttpResponseChecker` for `pods/log`: a kubelet error becomes the Status the
+/// apiserver returns (`NewInternalError` for 500, `NewBadRequest` for 400, otherwise
+/// `NewGenericServerResponse` naming `pods/log` and the pod).
+fn log_error(status: StatusCode, body: &str, pod_name: &str) -> Response {
+    let code = status.as_u16();
+    let value = match code {
+        500 => serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("Internal error occurred: {body}"),
+            "reason": "InternalError",
+            "details": {"causes": [{"message": body}]},
+            "code": 500,
+        }),
+        400 => serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": body, "reason": "BadRequest", "code": 400,
+        }),
+        _ => {
+            let (reason, message) = match code {
+                409 => ("Conflict", "the server reported a conflict".to_string()),
+                404 => (
+                    "NotFound",
+                    "the server could not find the requested resource".to_string(),
+                ),
+                401 => (
+                    "Unauthorized",
+                    "the server has asked for the client to provide credentials".to_string(),
+                ),
+                403 => ("Forbidden", body.to_string()),
+                405 => (
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource".to_string(),
+                ),
+                422 => (
+                    "Invalid",
+                    "the server rejected our request due to an error in our request".to_string(),
+                ),
+                504 => (
+                    "Timeout",
+                    "the server was unable to return a response in the time allotted, but may still be processing the request".to_string(),
+                ),
+                429 => (
+                    "TooManyRequests",
+                    "the server has received too many requests and has asked us to try again later".to_string(),
+                ),
+                c if c >= 500 => (
+                    "InternalError",
+                    format!("an error on the server ({body:?}) has prevented the request from succeeding"),
+                ),
+                c => (
+                    "Unknown",
+                    format!("the server responded with the status code {c} but did not return more information"),
+                ),
+            };
+            serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                // The checker passes an empty verb, hence the double space upstream prints too.
+                "message": format!("{message} ( pods/log {pod_name})"),
+                "reason": reason,
+                "details": {"name": pod_name, "kind": "pods/log"},
+                "code": code,
+            })
+        }
+    };
+    let mut response = Response::new(Body::from(value.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }

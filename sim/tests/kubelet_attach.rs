@@ -140,10 +140,14 @@ async fn attach_ends_when_the_process_exits_and_tty_resizes_reach_it() {
             .container_status("default", "tty", "term")
             .unwrap();
         assert_eq!((st.running, st.exit_code), (false, Some(0)));
-        // Attaching to a container that is not running fails before any upgrade.
-        let (code, body) = h.get("/attach/default/tty/term?output=1").await;
-        assert_eq!(code.as_u16(), 500);
-        assert!(body.contains("not running"), "{body}");
+        // Attaching to (or exec in) a container that is not running fails before any upgrade.
+        for verb in ["attach", "exec"] {
+            let (code, body) = h
+                .get(&format!("/{verb}/default/tty/term?output=1&command=true"))
+                .await;
+            assert_eq!(code.as_u16(), 500);
+            assert!(body.contains("CONTAINER_EXITED"), "{body}");
+        }
     })
     .await
     .unwrap();
@@ -169,7 +173,7 @@ async fn wait_for_pid(h: &Harness, pod: &str, file: &str) -> nix::unistd::Pid {
 }
 
 async fn wait_gone(pid: nix::unistd::Pid) {
-    while nix::sys::signal::kill(pid, None).is_ok() {
+    while support::is_alive(pid.as_raw()) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -195,10 +199,7 @@ async fn removing_pods_and_stopping_the_kubelet_leave_no_processes() {
         h.kubelet.remove_pod("default", "a").await;
         wait_gone(a).await;
         wait_gone(a_child).await;
-        assert!(
-            nix::sys::signal::kill(b, None).is_ok(),
-            "other pods keep running"
-        );
+        assert!(support::is_alive(b.as_raw()), "other pods keep running");
         let (code, _) = h.get("/containerLogs/default/a/main").await;
         assert_eq!(code.as_u16(), 404);
         h.kubelet.stop();

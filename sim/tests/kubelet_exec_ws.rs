@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
+use http_body_util::BodyExt;
 use kube::api::AttachParams;
 use kube::core::kubelet_debug::KubeletDebugParams;
 use support::{Harness, pod, shell_container};
@@ -77,6 +78,9 @@ async fn kube_rs_exec_splits_output_and_reports_exit_codes() {
         assert_eq!((out.as_str(), err.as_str(), code), ("out\n", "err\n", 3));
         let (out, err, code) = kube_exec(&h, "printf ok").await;
         assert_eq!((out.as_str(), err.as_str(), code), ("ok", "", 0));
+        // Killed by a signal: 128 + signal number, as the runtime reports it.
+        let (_, _, code) = kube_exec(&h, "kill -9 $$").await;
+        assert_eq!(code, 137);
         let (_, err, code) = kube_exec(&h, "no-such-command-anywhere").await;
         assert_eq!(code, 127);
         assert!(err.contains("not found"), "{err}");
@@ -305,10 +309,10 @@ async fn client_disconnect_kills_the_exec_process() {
             }
         }
         let pid = nix::unistd::Pid::from_raw(pid_text.trim().parse().unwrap());
-        assert!(nix::sys::signal::kill(pid, None).is_ok(), "process should run");
+        assert!(support::is_alive(pid.as_raw()), "process should run");
         drop(ws);
         loop {
-            if nix::sys::signal::kill(pid, None).is_err() {
+            if !support::is_alive(pid.as_raw()) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -334,12 +338,25 @@ async fn request_errors_match_the_kubelet() {
             (code.as_u16(), body.as_str()),
             (400, "you must specify at least 1 of stdin, stdout, stderr")
         );
-        // A plain request (no upgrade) fails the SPDY handshake, like upstream.
+        // A plain request is refused by the kubelet's upgrade-aware proxy (its responder
+        // always answers 500); an upgrade without a protocol fails the SPDY handshake.
         let (code, body) = h.get("/exec/default/web/main?command=true&output=1").await;
-        assert_eq!(code.as_u16(), 400);
-        assert!(
-            body.contains("X-Stream-Protocol-Version is required"),
-            "{body}"
+        assert_eq!(
+            (code.as_u16(), body.as_str()),
+            (500, "Upgrade request required\n")
+        );
+        let resp = h
+            .request(
+                "POST",
+                "/exec/default/web/main?command=true&output=1",
+                &[("connection", "Upgrade"), ("upgrade", "SPDY/3.1")],
+            )
+            .await;
+        assert_eq!(resp.status(), 400);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &body[..],
+            b"unable to upgrade: X-Stream-Protocol-Version is required\n"
         );
         let (code, _) = h.get("/nothing/here").await;
         assert_eq!(code.as_u16(), 404);
@@ -348,6 +365,71 @@ async fn request_errors_match_the_kubelet() {
             .get("/exec/default/nope/uid-x/main?command=true&output=1")
             .await;
         assert_eq!(code.as_u16(), 404);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn idle_sessions_are_closed_and_their_process_killed() {
+    support::init_crypto();
+    let h = Harness::start_with("exec-idle", |cfg| {
+        cfg.stream_idle_timeout = Duration::from_millis(400)
+    })
+    .await;
+    h.kubelet
+        .run_pod(pod("web", vec![shell_container("main", "sleep 1000")]))
+        .await
+        .unwrap();
+    timeout(T, async {
+        let path = "/exec/default/web/main?command=sh&command=-c&command=echo+%24%24%3B+exec+sleep+1000&output=1";
+        let (mut ws, _) = h.websocket(path, "v4.channel.k8s.io").await.unwrap();
+        let mut pid_text = String::new();
+        while !pid_text.ends_with('\n') {
+            if let Message::Binary(b) = ws.next().await.unwrap().unwrap() {
+                pid_text.push_str(std::str::from_utf8(&b[1..]).unwrap());
+            }
+        }
+        let pid = nix::unistd::Pid::from_raw(pid_text.trim().parse().unwrap());
+        let started = std::time::Instant::now();
+        // Nothing moves: the kubelet ends the session after the idle timeout, without a
+        // status (the command did not finish).
+        let mut status = Vec::new();
+        while let Some(Ok(msg)) = ws.next().await {
+            if let Message::Binary(b) = msg
+                && b.first() == Some(&3)
+            {
+                status.extend_from_slice(&b[1..]);
+            }
+        }
+        assert!(status.is_empty(), "{}", String::from_utf8_lossy(&status));
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        while support::is_alive(pid.as_raw()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn removing_the_pod_ends_its_exec_sessions() {
+    let h = harness_with_pod("exec-removed").await;
+    timeout(T, async {
+        let path = "/exec/default/web/main?command=sh&command=-c&command=echo+up%3B+exec+sleep+1000&output=1";
+        let (mut ws, _) = h.websocket(path, "v4.channel.k8s.io").await.unwrap();
+        // Wait for the process to be up.
+        loop {
+            if let Message::Binary(b) = ws.next().await.unwrap().unwrap()
+                && b[1..] == *b"up\n"
+            {
+                break;
+            }
+        }
+        h.kubelet.remove_pod("default", "web").await;
+        let frames = collect_frames(&mut ws).await;
+        let status = String::from_utf8(joined(&frames, 3)).unwrap();
+        assert!(status.contains(r#""message":"137""#), "{status}");
     })
     .await
     .unwrap();

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use kube::core::kubelet_debug::KubeletDebugParams;
-use relaylet_sim::kubelet::ContainerRun;
-use relaylet_sim::spdy::{Connection, Stream, upgrade_client};
+use relaylet_sim::kubelet::{ContainerRun, WsByteStream};
+use relaylet_sim::spdy::{Connection, Role, Stream, upgrade_client};
 use support::{Harness, pod, shell_container};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -178,7 +178,10 @@ async fn raw_websocket_framing_and_request_checks() {
         assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("0kB8="));
 
         let (code, body) = h.get("/portForward/default/web").await;
-        assert_eq!(code.as_u16(), 400, "{body}");
+        assert_eq!(
+            (code.as_u16(), body.as_str()),
+            (500, "Upgrade request required\n")
+        );
         // A WebSocket request must name its ports.
         match h
             .websocket("/portForward/default/web", "v4.channel.k8s.io")
@@ -314,6 +317,51 @@ async fn spdy_incomplete_pairs_time_out_and_bad_streams_are_refused() {
             .open_stream(vec![("streamType".into(), "data".into())])
             .await;
         assert!(refused.is_err(), "{refused:?}");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn spdy_tunneled_through_websocket() {
+    let (h, _) = harness("pf-tunnel").await;
+    timeout(T, async {
+        // What kubectl >= 1.31 asks for; a kubelet with ExtendWebSocketsToKubelet serves it.
+        let (ws, resp) = h
+            .websocket("/portForward/default/web", "SPDY/3.1+portforward.k8s.io")
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.headers()["sec-websocket-protocol"],
+            "SPDY/3.1+portforward.k8s.io"
+        );
+        let (conn, _incoming) = Connection::new(WsByteStream::new(ws), Role::Client);
+        let (_error, data) = pair(&conn, 8080, Some("0")).await;
+        let sent = payload(42, MIB);
+        let back = echo_through(data, &sent).await;
+        assert_eq!(checksum(&back), checksum(&sent));
+        let (mut error, _data) = pair(&conn, 9090, Some("1")).await;
+        let mut err = String::new();
+        error.read_to_string(&mut err).await.unwrap();
+        assert!(
+            err.starts_with("error forwarding port 9090 to pod "),
+            "{err}"
+        );
+
+        // An unknown tunnelled protocol fails the SPDY negotiation, passed through as is.
+        match h
+            .websocket("/portForward/default/web", "SPDY/3.1+bogus.k8s.io")
+            .await
+        {
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                assert_eq!(resp.status(), 403);
+                assert_eq!(
+                    resp.headers()["x-accepted-stream-protocol-versions"],
+                    "portforward.k8s.io"
+                );
+            }
+            other => panic!("expected 403, got {other:?}"),
+        }
     })
     .await
     .unwrap();

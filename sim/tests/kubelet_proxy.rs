@@ -456,10 +456,11 @@ async fn api_pod(
         "log" => PodSubresource::Log,
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
-    let pod = if name == "multi" {
-        test_pod(&["a", "b"])
-    } else {
-        test_pod(&["main"])
+    let pod = match name.as_str() {
+        "multi" => test_pod(&["a", "b"]),
+        // The apiserver knows a container "missing" the kubelet has never heard of.
+        "gone" => test_pod(&["main", "missing"]),
+        _ => test_pod(&["main"]),
     };
     api.client.proxy_pod(req, &pod, &api.node, sub).await
 }
@@ -473,6 +474,12 @@ async fn api_node(
 }
 
 async fn cluster() -> Cluster {
+    cluster_with(&[], true).await
+}
+
+/// A cluster whose Node declares `features`, behind an apiserver with the
+/// `ExtendWebSocketsToKubelet` gate set to `gate`.
+async fn cluster_with(features: &[&str], gate: bool) -> Cluster {
     let ca = Ca::new("test-ca").expect("ca");
     let seen: Shared = Arc::new(Seen::default());
     let kubelet_id = ca.issue_server(&["127.0.0.1"]).expect("kubelet cert");
@@ -492,15 +499,17 @@ async fn cluster() -> Cluster {
     let apiserver_client = ca
         .issue_client("kube-apiserver-kubelet-client", &[])
         .expect("id");
-    let client = KubeletClient::new(ca.client_config(Some(&apiserver_client)).expect("tls"));
-    let api = Api {
-        client,
-        node: node(
-            &[("InternalIP", "127.0.0.1"), ("ExternalIP", "192.0.2.1")],
-            Some(i32::from(kubelet.addr.port())),
-            None,
-        ),
-    };
+    let mut client = KubeletClient::new(ca.client_config(Some(&apiserver_client)).expect("tls"));
+    client.extend_websockets_to_kubelet = gate;
+    let mut node = node(
+        &[("InternalIP", "127.0.0.1"), ("ExternalIP", "192.0.2.1")],
+        Some(i32::from(kubelet.addr.port())),
+        None,
+    );
+    if let Some(status) = node.status.as_mut() {
+        status.declared_features = Some(features.iter().map(|f| f.to_string()).collect());
+    }
+    let api = Api { client, node };
     let api_id = ca.issue_server(&["127.0.0.1"]).expect("api cert");
     let api_app = Router::new()
         .route("/api/v1/namespaces/{ns}/pods/{name}/{sub}", any(api_pod))
@@ -1060,6 +1069,84 @@ async fn tunnel_requests_need_a_kubernetes_spdy_protocol() {
     );
 }
 
+#[tokio::test]
+async fn nodes_declaring_extend_websockets_get_websockets_untouched() {
+    let c = cluster_with(&["ExtendWebSocketsToKubelet"], true).await;
+    let (mut ws, response) = timeout(
+        T,
+        c.websocket(
+            "/api/v1/namespaces/ns1/pods/web/exec?command=echo&stdout=true",
+            "v5.channel.k8s.io, v4.channel.k8s.io",
+        ),
+    )
+    .await
+    .expect("in time")
+    .expect("upgrade");
+    // The kubelet itself answered (this one picks v4), nothing was translated.
+    assert_eq!(
+        response
+            .headers()
+            .get(header::SEC_WEBSOCKET_PROTOCOL)
+            .map(|v| v.as_bytes()),
+        Some(&b"v4.channel.k8s.io"[..])
+    );
+    while let Some(Ok(_)) = timeout(T, ws.next()).await.expect("in time") {}
+    let (method, uri, headers) = c.seen.last();
+    assert_eq!(method, "GET");
+    assert_eq!(uri, "/exec/ns1/web/main?command=echo&output=1");
+    assert_eq!(
+        headers
+            .get(header::SEC_WEBSOCKET_PROTOCOL)
+            .map(|v| v.as_bytes()),
+        Some(&b"v5.channel.k8s.io, v4.channel.k8s.io"[..])
+    );
+    // The port-forward tunnel request also goes to the kubelet as the WebSocket it is.
+    let _ = timeout(
+        T,
+        c.websocket(
+            "/api/v1/namespaces/ns1/pods/web/portforward?ports=8080",
+            "SPDY/3.1+portforward.k8s.io",
+        ),
+    )
+    .await
+    .expect("in time");
+    let (method, uri, headers) = c.seen.last();
+    assert_eq!(
+        (method.as_str(), uri.as_str()),
+        ("GET", "/portForward/ns1/web?port=8080")
+    );
+    assert_eq!(
+        headers.get(header::UPGRADE).map(|v| v.as_bytes()),
+        Some(&b"websocket"[..])
+    );
+}
+
+#[tokio::test]
+async fn without_the_gate_declared_websockets_are_still_translated() {
+    let c = cluster_with(&["ExtendWebSocketsToKubelet"], false).await;
+    let (mut ws, response) = timeout(
+        T,
+        c.websocket(
+            "/api/v1/namespaces/ns1/pods/web/exec?command=echo&stdout=true",
+            "v5.channel.k8s.io",
+        ),
+    )
+    .await
+    .expect("in time")
+    .expect("upgrade");
+    assert_eq!(
+        response
+            .headers()
+            .get(header::SEC_WEBSOCKET_PROTOCOL)
+            .map(|v| v.as_bytes()),
+        Some(&b"v5.channel.k8s.io"[..])
+    );
+    while let Some(Ok(_)) = timeout(T, ws.next()).await.expect("in time") {}
+    let (method, _, headers) = c.seen.last();
+    assert_eq!(method, "POST", "translated to a SPDY upgrade");
+    assert!(headers.get(header::SEC_WEBSOCKET_PROTOCOL).is_none());
+}
+
 // ---------------------------------------------------------------- logs, errors, node proxy
 
 #[tokio::test]
@@ -1147,11 +1234,25 @@ async fn bad_requests_never_reach_the_kubelet() {
 #[tokio::test]
 async fn kubelet_log_errors_become_status_errors() {
     let c = cluster().await;
-    // The pod has one container "main"; asking for "missing" fails validation before the kubelet.
+    // "missing" is not a container of pod "web": rejected before the kubelet.
     let (status, _, _) = c
         .get("/api/v1/namespaces/ns1/pods/web/log?container=missing")
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(c.seen.requests.lock().expect("lock").is_empty());
+    // Pod "gone" has a container "missing" that the kubelet does not know: its 404 text
+    // becomes the apiserver's NotFound Status.
+    let (status, _, body) = c
+        .get("/api/v1/namespaces/ns1/pods/gone/log?container=missing")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("status");
+    assert_eq!(body["reason"], "NotFound");
+    assert_eq!(
+        body["message"],
+        "the server could not find the requested resource ( pods/log web)"
+    );
+    assert_eq!(body["details"]["kind"], "pods/log");
     let (status, headers, body) = c.get("/api/v1/namespaces/ns1/pods/web/log").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(

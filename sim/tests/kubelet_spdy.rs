@@ -101,16 +101,22 @@ async fn v5_is_chosen_when_offered_first_and_old_versions_write_text() {
         let status = String::from_utf8(read_all(&mut error).await).unwrap();
         assert!(status.contains(r#""message":"2""#), "{status}");
 
-        for old in ["v2.channel.k8s.io", "channel.k8s.io"] {
-            let (proto, conn, _i) = connect(&h, path, &[old]).await.unwrap();
-            assert_eq!(proto, old);
-            let mut error = open(&conn, "error").await;
-            let _stdout = open(&conn, "stdout").await;
-            assert_eq!(
-                String::from_utf8(read_all(&mut error).await).unwrap(),
-                "command terminated with non-zero exit code: error executing command [sh -c exit 2], exit code 2"
-            );
-        }
+        let (proto, conn, _i) = connect(&h, path, &["v2.channel.k8s.io"]).await.unwrap();
+        assert_eq!(proto, "v2.channel.k8s.io");
+        let mut error = open(&conn, "error").await;
+        let _stdout = open(&conn, "stdout").await;
+        assert_eq!(
+            String::from_utf8(read_all(&mut error).await).unwrap(),
+            "command terminated with non-zero exit code: error executing command [sh -c exit 2], exit code 2"
+        );
+        // v1 (`channel.k8s.io`): the kubelet resets the error stream as soon as all streams
+        // are there, so no status ever arrives — upstream keeps that 1.0 behaviour.
+        let (proto, conn, _i) = connect(&h, path, &["channel.k8s.io"]).await.unwrap();
+        assert_eq!(proto, "channel.k8s.io");
+        let mut error = open(&conn, "error").await;
+        let _stdout = open(&conn, "stdout").await;
+        assert!(read_all(&mut error).await.is_empty());
+        conn.closed().await;
         // Success writes nothing on the error stream before v4.
         let ok = "/exec/default/testpod/main?command=true&output=1";
         let (_, conn, _i) = connect(&h, ok, &["v3.channel.k8s.io"]).await.unwrap();
@@ -181,7 +187,11 @@ async fn negotiation_and_stream_creation_failures() {
                         "channel.k8s.io"
                     ]
                 );
-                assert!(String::from_utf8_lossy(&body).contains("unable to negotiate protocol"));
+                let message = "unable to upgrade: unable to negotiate protocol: client supports [v9.channel.k8s.io], server accepts [v5.channel.k8s.io v4.channel.k8s.io v3.channel.k8s.io v2.channel.k8s.io channel.k8s.io]";
+                assert_eq!(
+                    String::from_utf8_lossy(&body),
+                    format!("{message}\n{message}\n")
+                );
             }
             other => panic!("expected 403, got {:?}", other.map(|r| r.0)),
         }
@@ -238,7 +248,10 @@ async fn attach_over_spdy_sees_live_output_and_types_into_stdin() {
 
 // ---- replaying real client-go sessions -------------------------------------------------------
 
-fn capture(name: &str) -> Vec<(bool, f64, Vec<u8>)> {
+/// One recorded socket read: (connection, client-to-server?, time, bytes).
+type Chunk = (u64, bool, f64, Vec<u8>);
+
+fn capture(name: &str) -> Vec<Chunk> {
     // Same lookup as tests/captures.rs: env override, the workspace, or the shared dir beside it.
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = std::env::var("RELAYLET_CAPTURES_DIR")
@@ -260,7 +273,12 @@ fn capture(name: &str) -> Vec<(bool, f64, Vec<u8>)> {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(v["b64"].as_str().unwrap())
                 .unwrap();
-            (v["dir"] == "c2s", v["t"].as_f64().unwrap(), bytes)
+            (
+                v["conn"].as_u64().unwrap(),
+                v["dir"] == "c2s",
+                v["t"].as_f64().unwrap(),
+                bytes,
+            )
         })
         .collect()
 }
@@ -307,24 +325,36 @@ fn transcript(bytes: &[u8]) -> (BTreeMap<u32, StreamTranscript>, bool) {
     (streams, goaway)
 }
 
-/// Sends the client half of a captured session (with its timing) to our kubelet and returns
-/// everything the kubelet sent back after the HTTP response head.
-async fn replay(h: &Harness, name: &str) -> (Vec<u8>, Vec<u8>) {
-    let chunks = capture(name);
+/// A captured session to replay: which connection of the capture carries the SPDY exec, the
+/// kubelet request line to send instead of the recorded one (kubectl talked to an apiserver
+/// path), and the protocol our kubelet should pick.
+struct Replay {
+    file: &'static str,
+    conn: u64,
+    request_line: Option<&'static str>,
+    protocol: &'static str,
+}
+
+/// Sends the client half of a captured session (with its timing) to our kubelet; returns the
+/// recorded server bytes and ours, both after the HTTP response head.
+async fn replay(h: &Harness, r: &Replay) -> (Vec<u8>, Vec<u8>) {
+    let chunks: Vec<Chunk> = capture(r.file)
+        .into_iter()
+        .filter(|c| c.0 == r.conn)
+        .collect();
     let mut recorded_server = Vec::new();
-    let mut seen_head = false;
-    for (c2s, _, bytes) in &chunks {
-        if *c2s {
-            continue;
-        }
-        if !seen_head {
-            let end = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-            recorded_server.extend_from_slice(&bytes[end..]);
-            seen_head = true;
-        } else {
+    for (_, c2s, _, bytes) in &chunks {
+        if !*c2s {
             recorded_server.extend_from_slice(bytes);
         }
     }
+    let head_end = recorded_server
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap()
+        + 4;
+    let recorded_server = recorded_server[head_end..].to_vec();
+
     let mut tls = h.tls().await;
     let (mut rd, mut wr) = tokio::io::split(&mut tls);
     let reader = async {
@@ -344,8 +374,9 @@ async fn replay(h: &Harness, name: &str) -> (Vec<u8>, Vec<u8>) {
     };
     let writer = async {
         let start = tokio::time::Instant::now();
-        let t0 = chunks[0].1;
-        for (c2s, t, bytes) in &chunks {
+        let t0 = chunks[0].2;
+        let mut first = true;
+        for (_, c2s, t, bytes) in &chunks {
             if !*c2s {
                 continue;
             }
@@ -355,37 +386,108 @@ async fn replay(h: &Harness, name: &str) -> (Vec<u8>, Vec<u8>) {
                 break;
             }
             tokio::time::sleep_until(start + Duration::from_secs_f64((t - t0).max(0.0))).await;
-            if wr.write_all(bytes).await.is_err() {
+            let mut bytes = bytes.clone();
+            if first {
+                first = false;
+                if let Some(line) = r.request_line {
+                    let eol = bytes.windows(2).position(|w| w == b"\r\n").unwrap();
+                    let mut rewritten = line.as_bytes().to_vec();
+                    rewritten.extend_from_slice(&bytes[eol..]);
+                    bytes = rewritten;
+                }
+            }
+            if wr.write_all(&bytes).await.is_err() {
                 break;
             }
         }
     };
     let (got, ()) = tokio::join!(reader, writer);
     let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-    let head = String::from_utf8_lossy(&got[..head_end]).into_owned();
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(
-        head.contains("X-Stream-Protocol-Version: v4.channel.k8s.io")
-            || head.contains("x-stream-protocol-version: v4.channel.k8s.io"),
+        head.contains(&format!("x-stream-protocol-version: {}", r.protocol)),
         "{head}"
     );
     (recorded_server, got[head_end..].to_vec())
 }
 
 #[tokio::test]
-async fn replayed_client_go_sessions_get_the_kubelets_answers() {
+async fn replayed_client_go_and_kubectl_sessions_get_the_kubelets_answers() {
     let h = harness("spdy-replay").await;
+    let sessions = [
+        Replay {
+            file: "spdy-v4-exec-stdin-stderr-exit3.jsonl",
+            conn: 1,
+            request_line: None,
+            protocol: "v4.channel.k8s.io",
+        },
+        Replay {
+            file: "spdy-v4-exec-tty-resize.jsonl",
+            conn: 1,
+            request_line: None,
+            protocol: "v4.channel.k8s.io",
+        },
+        Replay {
+            file: "kubectl-1.27-exec-stdin.jsonl",
+            conn: 2,
+            request_line: Some(
+                "POST /exec/default/testpod/main?command=cat&input=1&output=1&error=1 HTTP/1.1",
+            ),
+            protocol: "v4.channel.k8s.io",
+        },
+        Replay {
+            file: "kubectl-1.27-exec-spdy.jsonl",
+            conn: 2,
+            request_line: Some(
+                "POST /exec/default/testpod/main?command=sh&command=-c&command=echo+out%3B+echo+err+%3E%262%3B+exit+4&output=1&error=1 HTTP/1.1",
+            ),
+            protocol: "v4.channel.k8s.io",
+        },
+        // kubectl 1.33 offers v5 first; the recorded (1.26) kubelet knew only v4, a current one
+        // picks v5 — and answers with the same frames.
+        Replay {
+            file: "kubectl-1.33-exec-ws-v5-refused-then-spdy.jsonl",
+            conn: 3,
+            request_line: Some(
+                "POST /exec/default/testpod/main?command=sh&command=-c&command=echo+out133%3B+exit+2&output=1&error=1 HTTP/1.1",
+            ),
+            protocol: "v5.channel.k8s.io",
+        },
+    ];
     timeout(T, async {
-        for name in [
-            "spdy-v4-exec-stdin-stderr-exit3.jsonl",
-            "spdy-v4-exec-tty-resize.jsonl",
-        ] {
-            let (recorded, ours) = replay(&h, name).await;
+        for session in &sessions {
+            let (recorded, ours) = replay(&h, session).await;
             let (want, want_goaway) = transcript(&recorded);
             let (got, got_goaway) = transcript(&ours);
-            assert!(want_goaway && got_goaway, "{name}: GOAWAY");
-            assert_eq!(got, want, "{name}: per-stream answers differ");
+            assert!(want_goaway && got_goaway, "{}: GOAWAY", session.file);
+            assert_eq!(got, want, "{}: per-stream answers differ", session.file);
         }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn idle_spdy_sessions_are_cut_not_reported_as_success() {
+    let h = Harness::start_with("spdy-idle", |cfg| {
+        cfg.stream_idle_timeout = Duration::from_millis(400)
+    })
+    .await;
+    h.kubelet
+        .run_pod(pod("testpod", vec![shell_container("main", "sleep 1000")]))
+        .await
+        .unwrap();
+    timeout(T, async {
+        let path = "/exec/default/testpod/main?command=sleep&command=1000&output=1";
+        let (_, conn, _i) = connect(&h, path, &["v4.channel.k8s.io"]).await.unwrap();
+        let mut error = open(&conn, "error").await;
+        let _stdout = open(&conn, "stdout").await;
+        let mut status = Vec::new();
+        // The connection dies under the open error stream: an error, never an empty Success.
+        assert!(error.read_to_end(&mut status).await.is_err());
+        assert!(status.is_empty());
+        conn.closed().await;
     })
     .await
     .unwrap();

@@ -206,3 +206,16 @@ pub fn init_crypto() {
 pub fn arc<T>(t: T) -> Arc<T> {
     Arc::new(t)
 }
+
+/// Whether `pid` is a live process. A zombie (killed, waiting to be reaped by whoever
+/// inherited it) counts as gone: it runs nothing and holds nothing.
+pub fn is_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}

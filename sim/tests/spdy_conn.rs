@@ -313,3 +313,93 @@ async fn malformed_input_closes_the_connection() {
     timeout(T, server.closed()).await.expect("closed in time");
     assert_eq!(peer.recv().await, None);
 }
+
+#[tokio::test]
+async fn ping_round_trips_both_ways() {
+    let ((client, _cin), (server, _sin)) = pair();
+    timeout(T, client.ping())
+        .await
+        .expect("in time")
+        .expect("client ping");
+    timeout(T, server.ping())
+        .await
+        .expect("in time")
+        .expect("server ping");
+    timeout(T, client.ping())
+        .await
+        .expect("in time")
+        .expect("second ping");
+}
+
+#[tokio::test]
+async fn dropping_every_handle_closes_the_connection_gracefully() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (server, mut incoming) = Connection::new(b, Role::Server);
+    let (client, client_incoming) = Connection::new(a, Role::Client);
+    let opened = tokio::spawn(async move {
+        let mut stream = client
+            .open_stream(hdr("streamtype", "stdout"))
+            .await
+            .expect("open");
+        let mut got = Vec::new();
+        // The server side writes, then forgets everything: FIN, then GOAWAY and close.
+        stream.read_to_end(&mut got).await.expect("clean end");
+        timeout(T, client.closed())
+            .await
+            .expect("closed after GOAWAY");
+        drop(client_incoming);
+        got
+    });
+    let stream = timeout(T, incoming.next())
+        .await
+        .expect("in time")
+        .expect("stream");
+    stream.reply().await.expect("reply");
+    let (_r, mut w) = stream.into_split();
+    w.write_all(b"last words").await.expect("write");
+    drop(w);
+    drop(_r);
+    drop(incoming);
+    assert!(!server.is_closed());
+    let probe = server.clone();
+    drop(server);
+    // A clone still holds the connection open.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!probe.is_closed());
+    drop(probe);
+    let got = timeout(T, opened).await.expect("in time").expect("join");
+    assert_eq!(got, b"last words");
+}
+
+#[tokio::test]
+async fn a_stalled_reader_bounds_what_a_writer_can_queue() {
+    let ((client, _cin), (_server, mut sin)) = pair();
+    let accepted = tokio::spawn(async move {
+        let stream = sin.next().await.expect("stream");
+        stream.reply().await.expect("reply");
+        // Never read.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(stream);
+    });
+    let mut stream = timeout(T, client.open_stream(hdr("streamtype", "stdin")))
+        .await
+        .expect("in time")
+        .expect("open");
+    let chunk = vec![7u8; 64 * 1024];
+    let mut written = 0usize;
+    let filling = async {
+        loop {
+            stream.write_all(&chunk).await.expect("write");
+            written += chunk.len();
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(500), filling).await;
+    // Stream buffer + write queue + pipe: a few MiB at most, never the unbounded amount a
+    // half-second of writing into memory would reach.
+    assert!(
+        written < 8 * 1024 * 1024,
+        "wrote {written} bytes into a stalled stream"
+    );
+    assert!(written > 0);
+    accepted.abort();
+}

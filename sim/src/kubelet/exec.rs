@@ -141,16 +141,26 @@ pub async fn run(
         }
         status
     };
-    let outcome = tokio::select! {
+    tokio::pin!(finished);
+    let status = tokio::select! {
         _ = streams.gone.cancelled() => None,
-        status = finished => Some(match status {
-            Ok(status) => match process::exit_code(status) {
-                0 => Outcome::Success,
-                code => Outcome::Exited { code, argv },
-            },
-            Err(e) => Outcome::Failed(format!("error executing command in container: {e}")),
-        }),
+        status = &mut finished => Some(status),
+        // The container is going away: its exec processes die with it (and say so).
+        _ = container.stopped.cancelled() => {
+            group.kill();
+            tokio::select! {
+                _ = streams.gone.cancelled() => None,
+                status = &mut finished => Some(status),
+            }
+        }
     };
+    let outcome = status.map(|status| match status {
+        Ok(status) => match process::exit_code(status) {
+            0 => Outcome::Success,
+            code => Outcome::Exited { code, argv },
+        },
+        Err(e) => Outcome::Failed(format!("error executing command in container: {e}")),
+    });
     // Whatever happened, nothing this exec started may outlive it.
     group.kill();
     for helper in helpers {

@@ -16,6 +16,7 @@ use http::StatusCode;
 use k8s_openapi::jiff::{Timestamp, tz::TimeZone};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, BufReader};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use super::Shared;
 use super::container::Instance;
@@ -103,11 +104,21 @@ pub async fn serve(
         }
     };
     let (tx, rx) = mpsc::channel::<Bytes>(8);
-    tokio::spawn(async move {
-        if let Err(e) = read_logs(file, instance, opts, tx).await {
-            tracing::debug!(error = %e, "log stream ended with error");
+    let span = tracing::info_span!(
+        "container_logs",
+        node = %shared.node_name,
+        %namespace,
+        pod = %pod_name,
+        %container
+    );
+    tokio::spawn(
+        async move {
+            if let Err(e) = read_logs(file, instance, opts, tx).await {
+                tracing::debug!(error = %e, "log stream ended with error");
+            }
         }
-    });
+        .instrument(span),
+    );
     let body = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await

@@ -1,7 +1,9 @@
 //! The kubelet stand-in: the kubelet streaming API backed by real local processes.
 //!
 //! It serves the kubelet's own routes (upstream `pkg/kubelet/server/server.go`): `exec`,
-//! `attach` and `portForward` over SPDY/3.1 or the `channel.k8s.io` WebSocket family, and
+//! `attach` and `portForward` over SPDY/3.1 or the `channel.k8s.io` WebSocket family (and,
+//! like a kubelet with `ExtendWebSocketsToKubelet`, v5 WebSocket and SPDY-over-WebSocket
+//! port-forward tunnels), and
 //! `containerLogs` from CRI-format log files. Pods are started with [`Kubelet::run_pod`]; each
 //! container's main process is a real local process, exec runs real processes (with a PTY for
 //! `tty`), and port-forward connects to real local addresses. Errors, status bytes and edge
@@ -23,6 +25,7 @@ mod spdy_transport;
 mod status;
 mod streams;
 mod websocket;
+mod ws_tunnel;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,6 +39,7 @@ use crate::serve::{Served, serve_tls};
 pub use pods::{ContainerRun, PodRun};
 pub use status::{Outcome, StatusFormat};
 pub use streams::TermSize;
+pub use ws_tunnel::{TUNNEL_PREFIX, WsByteStream};
 
 /// How to run a kubelet stand-in.
 #[derive(Clone)]

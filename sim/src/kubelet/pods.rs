@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use tokio_util::sync::CancellationToken;
+
 use super::KubeletError;
 use super::container::{Instance, Placement};
 
@@ -57,11 +59,17 @@ impl Pod {
 
     fn kill_all(&self) {
         for c in &self.containers {
-            if let Ok(instances) = c.instances.lock() {
-                for i in instances.iter() {
-                    i.kill();
-                }
-            }
+            stop_container(c);
+        }
+    }
+}
+
+/// Ends a container: its exec sessions and every instance's processes.
+fn stop_container(c: &Container) {
+    c.stopped.cancel();
+    if let Ok(instances) = c.instances.lock() {
+        for i in instances.iter() {
+            i.kill();
         }
     }
 }
@@ -70,6 +78,8 @@ impl Pod {
 pub struct Container {
     pub spec: ContainerRun,
     pub cwd: PathBuf,
+    /// Fires when the pod is removed (or the kubelet stops): exec sessions end with it.
+    pub stopped: CancellationToken,
     log_dir: PathBuf,
     pod_name: String,
     instances: Mutex<Vec<Arc<Instance>>>,
@@ -140,7 +150,8 @@ impl Pods {
             }
         }
         let pod_dir = format!("{}_{}_{}", run.namespace, run.name, run.uid);
-        let mut containers = Vec::new();
+        let stopped = CancellationToken::new();
+        let mut containers: Vec<Arc<Container>> = Vec::new();
         for spec in run.containers {
             if spec.name.is_empty() || spec.name.contains(['/', '\0']) || spec.name == ".." {
                 return Err(KubeletError::InvalidPod(format!(
@@ -151,11 +162,18 @@ impl Pods {
             let container = Arc::new(Container {
                 cwd: data_dir.join("containers").join(&pod_dir).join(&spec.name),
                 log_dir: data_dir.join("pods").join(&pod_dir).join(&spec.name),
+                stopped: stopped.clone(),
                 pod_name: run.name.clone(),
                 spec,
                 instances: Mutex::new(Vec::new()),
             });
-            container.start_instance().await?;
+            if let Err(e) = container.start_instance().await {
+                // Nothing of a pod that failed to start may keep running.
+                for started in &containers {
+                    stop_container(started);
+                }
+                return Err(e);
+            }
             containers.push(container);
         }
         let pod = Arc::new(Pod {

@@ -15,13 +15,14 @@ use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use axum::routing::get;
 use http::StatusCode;
+use tracing::Instrument;
 
 use super::Shared;
 use super::pods::{Container, Pod};
 use super::portforward::{self, Target};
 use super::status::Outcome;
 use super::streams::{self, StreamOptions};
-use super::{attach, exec, logs, query, spdy_transport, websocket};
+use super::{attach, exec, logs, query, spdy_transport, websocket, ws_tunnel};
 use crate::spdy;
 
 /// The kubelet API router.
@@ -69,6 +70,25 @@ pub fn text(code: StatusCode, msg: impl Into<String>) -> Response {
 }
 
 type Params = HashMap<String, String>;
+
+/// The kubelet hands streaming requests to the runtime's streaming server through an
+/// upgrade-aware proxy that insists on an upgrade (`Connection: upgrade`); its error
+/// responder answers everything with 500, so a plain request gets
+/// `500 Upgrade request required`.
+fn require_upgrade(req: &Request) -> Option<Response> {
+    let upgrade = req
+        .headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains("upgrade"));
+    (!upgrade).then(|| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Upgrade request required\n",
+        )
+    })
+}
 
 fn param<'a>(p: &'a Params, name: &str) -> &'a str {
     p.get(name).map(String::as_str).unwrap_or_default()
@@ -131,6 +151,14 @@ async fn remote_command(
             format!("container not found ({container:?})"),
         );
     };
+    // The runtime refuses exec and attach for a container that is not running (containerd:
+    // "container is in CONTAINER_EXITED state"), which the kubelet relays as a 500.
+    if !container.current().is_some_and(|i| i.is_running()) {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "rpc error: code = Unknown desc = container is in CONTAINER_EXITED state",
+        );
+    }
     let command = if is_exec {
         Command::Exec(
             query::all(&pairs, "command")
@@ -139,24 +167,22 @@ async fn remote_command(
                 .collect(),
         )
     } else {
-        match container.current() {
-            Some(instance) if instance.is_running() => Command::Attach,
-            _ => {
-                return text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!(
-                        "container {:?} in pod {pod_name:?} is not running",
-                        container.spec.name
-                    ),
-                );
-            }
-        }
+        Command::Attach
     };
-    let span = tracing::info_span!("remote_command", %namespace, pod = %pod_name, container = %container.spec.name, exec = is_exec);
-    let _enter = span.enter();
+    let span = tracing::info_span!(
+        "remote_command",
+        node = %shared.node_name,
+        %namespace,
+        pod = %pod_name,
+        container = %container.spec.name,
+        exec = is_exec
+    );
 
+    if let Some(refused) = require_upgrade(&req) {
+        return refused;
+    }
     if !websocket::is_websocket(req.headers()) {
-        return spdy_remote_command(&shared, &mut req, opts, command, &pod, container);
+        return spdy_remote_command(&shared, &mut req, opts, command, &pod, container, span);
     }
     let (protocol, response) = match websocket::accept(
         req.method(),
@@ -171,18 +197,24 @@ async fn remote_command(
     let (streams, ends) = streams::pair(opts, true, gone.clone());
     let idle = shared.stream_idle_timeout;
     let pod_name = pod.name.clone();
-    tokio::spawn(async move {
-        let Ok(upgraded) = on_upgrade.await else {
-            gone.cancel();
-            return;
-        };
-        let ws = websocket::from_upgraded(upgraded).await;
-        let transport = tokio::spawn(async move {
-            websocket::run_remote_command(ws, &protocol, opts, ends, idle).await;
-        });
-        run_command(command, container, pod_name, streams).await;
-        let _ = transport.await;
-    });
+    tokio::spawn(
+        async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                gone.cancel();
+                return;
+            };
+            let ws = websocket::from_upgraded(upgraded).await;
+            let transport = tokio::spawn(
+                async move {
+                    websocket::run_remote_command(ws, &protocol, opts, ends, idle).await;
+                }
+                .in_current_span(),
+            );
+            run_command(command, container, pod_name, streams).await;
+            let _ = transport.await;
+        }
+        .instrument(span),
+    );
     response
 }
 
@@ -195,11 +227,20 @@ fn spdy_remote_command(
     command: Command,
     pod: &Arc<Pod>,
     container: Arc<Container>,
+    span: tracing::Span,
 ) -> Response {
     let protocol = match spdy::negotiate(req.headers(), spdy_transport::REMOTE_COMMAND_PROTOCOLS) {
         Ok(Some(protocol)) => protocol,
         Ok(None) => return spdy::missing_protocol_response(),
-        Err(refused) => return refused.into_response(),
+        Err(refused) => {
+            // `Handshake` writes the 403 and its message; remotecommand then calls http.Error
+            // again with the same error, which can no longer change the status but appends
+            // the message a second time. Clients see both copies.
+            let message = refused.to_string();
+            let mut response = refused.into_response();
+            *response.body_mut() = Body::from(format!("{message}\n{message}\n"));
+            return response;
+        }
     };
     let (response, accepting) = match spdy::accept(req, Some(&protocol)) {
         Ok(accepted) => accepted,
@@ -209,18 +250,22 @@ fn spdy_remote_command(
     let creation = shared.stream_creation_timeout;
     let idle = shared.stream_idle_timeout;
     let pod_name = pod.name.clone();
-    tokio::spawn(async move {
-        let Ok((conn, incoming)) = accepting.connection().await else {
-            return;
-        };
-        let Some((streams, transport)) =
-            spdy_transport::start(conn, incoming, Some(protocol), opts, creation, idle, gone).await
-        else {
-            return;
-        };
-        run_command(command, container, pod_name, streams).await;
-        let _ = transport.await;
-    });
+    tokio::spawn(
+        async move {
+            let Ok((conn, incoming)) = accepting.connection().await else {
+                return;
+            };
+            let Some((streams, transport)) =
+                spdy_transport::start(conn, incoming, Some(protocol), opts, creation, idle, gone)
+                    .await
+            else {
+                return;
+            };
+            run_command(command, container, pod_name, streams).await;
+            let _ = transport.await;
+        }
+        .instrument(span),
+    );
     response
 }
 
@@ -253,8 +298,14 @@ async fn port_forward_route(
         Ok(p) => p,
         Err(why) => return text(StatusCode::BAD_REQUEST, why),
     };
-    // Only WebSocket requests name their ports up front.
-    let ports = if is_ws {
+    // SPDY tunnelled through WebSocket (`SPDY/3.1+portforward.k8s.io`) carries its ports in
+    // SPDY streams; plain WebSocket requests name their ports up front.
+    let tunnel = if is_ws {
+        tunneled_protocols(req.headers())
+    } else {
+        Vec::new()
+    };
+    let ports = if is_ws && tunnel.is_empty() {
         match portforward::ws_ports(&pairs) {
             Ok(ports) => ports,
             Err(why) => return text(StatusCode::BAD_REQUEST, why),
@@ -266,6 +317,12 @@ async fn port_forward_route(
     let Some(pod) = shared.pods.get(namespace, pod_name) else {
         return text(StatusCode::NOT_FOUND, "pod does not exist");
     };
+    let span = tracing::info_span!(
+        "port_forward",
+        node = %shared.node_name,
+        %namespace,
+        pod = %pod_name
+    );
     if let Some(uid) = p.get("uid")
         && !uid.is_empty()
         && *uid != pod.uid
@@ -280,8 +337,14 @@ async fn port_forward_route(
             .flat_map(|c| c.spec.ports.iter().copied())
             .collect(),
     };
+    if let Some(refused) = require_upgrade(&req) {
+        return refused;
+    }
+    if !tunnel.is_empty() {
+        return tunneled_port_forward(&shared, &mut req, &tunnel, target, span);
+    }
     if !is_ws {
-        return spdy_port_forward(&shared, &mut req, target);
+        return spdy_port_forward(&shared, &mut req, target, span);
     }
     let (protocol, response) = match websocket::accept(
         req.method(),
@@ -294,18 +357,26 @@ async fn port_forward_route(
     let on_upgrade = hyper::upgrade::on(&mut req);
     let gone = shared.stop.child_token();
     let idle = shared.stream_idle_timeout;
-    tokio::spawn(async move {
-        let Ok(upgraded) = on_upgrade.await else {
-            return;
-        };
-        let ws = websocket::from_upgraded(upgraded).await;
-        portforward::run_websocket(ws, &protocol, ports, target, idle, gone).await;
-    });
+    tokio::spawn(
+        async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let ws = websocket::from_upgraded(upgraded).await;
+            portforward::run_websocket(ws, &protocol, ports, target, idle, gone).await;
+        }
+        .instrument(span),
+    );
     response
 }
 
 /// A port-forward over SPDY (`portforward.k8s.io`).
-fn spdy_port_forward(shared: &Arc<Shared>, req: &mut Request, target: Target) -> Response {
+fn spdy_port_forward(
+    shared: &Arc<Shared>,
+    req: &mut Request,
+    target: Target,
+    span: tracing::Span,
+) -> Response {
     let protocol = match spdy::negotiate(req.headers(), portforward::SPDY_PROTOCOLS) {
         Ok(Some(protocol)) => protocol,
         Ok(None) => return spdy::missing_protocol_response(),
@@ -318,11 +389,78 @@ fn spdy_port_forward(shared: &Arc<Shared>, req: &mut Request, target: Target) ->
     let gone = shared.stop.child_token();
     let creation = shared.stream_creation_timeout;
     let idle = shared.stream_idle_timeout;
-    tokio::spawn(async move {
-        let Ok((conn, incoming)) = accepting.connection().await else {
-            return;
-        };
-        portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
-    });
+    tokio::spawn(
+        async move {
+            let Ok((conn, incoming)) = accepting.connection().await else {
+                return;
+            };
+            portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
+        }
+        .instrument(span),
+    );
+    response
+}
+
+/// The SPDY protocols a WebSocket request asks to tunnel (`SPDY/3.1+<protocol>` entries of
+/// every `Sec-WebSocket-Protocol` header, comma-separated, prefix removed).
+fn tunneled_protocols(headers: &http::HeaderMap) -> Vec<String> {
+    headers
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|p| p.trim().strip_prefix(ws_tunnel::TUNNEL_PREFIX))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Port-forward with SPDY inside a WebSocket, as a kubelet with `ExtendWebSocketsToKubelet`
+/// serves it: the SPDY handshake is negotiated as if the tunnelled protocols had been offered
+/// in `X-Stream-Protocol-Version` (refusals pass through unchanged), then the WebSocket is
+/// accepted with `SPDY/3.1+<protocol>` and carries the SPDY session.
+fn tunneled_port_forward(
+    shared: &Arc<Shared>,
+    req: &mut Request,
+    offered: &[String],
+    target: Target,
+    span: tracing::Span,
+) -> Response {
+    let mut offered_headers = http::HeaderMap::new();
+    for protocol in offered {
+        if let Ok(value) = http::HeaderValue::from_str(protocol) {
+            offered_headers.append(spdy::upgrade::PROTOCOL_VERSION_HEADER, value);
+        }
+    }
+    let protocol = match spdy::negotiate(&offered_headers, portforward::SPDY_PROTOCOLS) {
+        Ok(Some(protocol)) => protocol,
+        Ok(None) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "unable to upgrade: no tunneling spdy protocols provided\n",
+            );
+        }
+        Err(refused) => return refused.into_response(),
+    };
+    let ws_protocol = format!("{}{protocol}", ws_tunnel::TUNNEL_PREFIX);
+    let (_, response) = match websocket::accept(req.method(), req.headers(), &[&ws_protocol]) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
+    };
+    let on_upgrade = hyper::upgrade::on(req);
+    let gone = shared.stop.child_token();
+    let creation = shared.stream_creation_timeout;
+    let idle = shared.stream_idle_timeout;
+    tokio::spawn(
+        async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let ws = websocket::from_upgraded(upgraded).await;
+            let (conn, incoming) =
+                spdy::Connection::new(ws_tunnel::WsByteStream::new(ws), spdy::Role::Server);
+            portforward::run_spdy(conn, incoming, target, creation, idle, gone).await;
+        }
+        .instrument(span),
+    );
     response
 }

@@ -31,6 +31,9 @@ pub const REMOTE_COMMAND_PROTOCOLS: &[&str] = &[
 struct Version {
     resize: bool,
     format: StatusFormat,
+    /// The 1.0-era protocol: the kubelet resets the error stream as soon as the streams are
+    /// there (so no status ever arrives) and half-closes stdin, as upstream still does.
+    v1: bool,
 }
 
 impl Version {
@@ -41,14 +44,22 @@ impl Version {
             Some("v5.channel.k8s.io") | Some("v4.channel.k8s.io") => Version {
                 resize: true,
                 format: StatusFormat::Json,
+                v1: false,
             },
             Some("v3.channel.k8s.io") => Version {
                 resize: true,
                 format: StatusFormat::Text,
+                v1: false,
+            },
+            Some("v2.channel.k8s.io") => Version {
+                resize: false,
+                format: StatusFormat::Text,
+                v1: false,
             },
             _ => Version {
                 resize: false,
                 format: StatusFormat::Text,
+                v1: true,
             },
         }
     }
@@ -110,7 +121,7 @@ pub async fn start(
             Some("stdin") => &mut got.stdin,
             Some("stdout") => &mut got.stdout,
             Some("stderr") => &mut got.stderr,
-            Some("resize") => &mut got.resize,
+            Some("resize") if version.resize => &mut got.resize,
             other => {
                 tracing::debug!(stream_type = ?other, "unexpected stream type");
                 continue;
@@ -119,7 +130,12 @@ pub async fn start(
         *slot = Some(stream);
         received += 1;
     }
-    let resize_stream = got.resize.take().filter(|_| version.resize && opts.tty);
+    if version.v1
+        && let Some(error) = got.error.take()
+    {
+        let _ = error.reset().await;
+    }
+    let resize_stream = got.resize.take().filter(|_| opts.tty);
     let (streams, ends) = streams::pair(opts, resize_stream.is_some(), gone.clone());
     let activity = Activity::start(idle_timeout, gone.clone());
     let transport = tokio::spawn(run(conn, got, resize_stream, ends, version, activity));
@@ -145,8 +161,12 @@ async fn run(
 
     // Client stdin: its FIN is the end of input.
     if let (Some(stream), Some(tx)) = (got.stdin, stdin) {
-        let (mut reader, writer) = stream.into_split();
-        resets.push(writer);
+        let (mut reader, mut writer) = stream.into_split();
+        if version.v1 {
+            let _ = writer.shutdown().await;
+        } else {
+            resets.push(writer);
+        }
         let activity = activity.clone();
         helpers.push(tokio::spawn(async move {
             let mut buf = vec![0u8; 32 * 1024];

@@ -35,6 +35,9 @@ const SPDY_PROTOCOLS: &[&str] = &[
     "channel.k8s.io",
 ];
 
+/// How often the translator pings the kubelet (client-go's `PingPeriod` for the translator).
+const PING_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether `req` is a WebSocket asking for `v5.channel.k8s.io`
 /// (`IsWebSocketRequestWithStreamCloseProtocol`).
 pub(crate) fn is_v5_request(headers: &http::HeaderMap) -> bool {
@@ -317,6 +320,22 @@ where
             Ok(upgraded) => upgraded,
             Err(err) => return Some(status_from_upgrade_error(&err)),
         };
+    // client-go's round tripper pings the kubelet every 5 s for the life of the connection.
+    let pinger = conn.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PING_PERIOD);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = pinger.closed() => return,
+                _ = tick.tick() => {
+                    if pinger.ping().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
     let streams = match open_streams(&conn, &protocol, options).await {
         Ok(streams) => streams,
         Err(err) => {

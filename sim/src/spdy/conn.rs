@@ -53,6 +53,8 @@ const WRITE_QUEUE: usize = 64;
 const STREAM_BUFFER: usize = 16;
 /// Peer-opened streams waiting for `Incoming::next`.
 const INCOMING_QUEUE: usize = 16;
+/// How long `goaway` waits for queued frames and the GOAWAY to be written.
+pub const GOAWAY_GRACE: Duration = Duration::from_secs(5);
 /// Bytes the writer task batches into one socket write.
 const WRITE_BATCH: usize = 64 * 1024;
 
@@ -83,6 +85,19 @@ pub(crate) struct Shared {
     /// We or the peer sent GOAWAY: no new streams.
     going_away: AtomicBool,
     last_peer_stream: AtomicU32,
+    /// Our unanswered PINGs by id.
+    pings: Mutex<HashMap<u32, oneshot::Sender<()>>>,
+    next_ping_id: AtomicU32,
+    /// The user handles' lifeline; the reader task only holds it weakly.
+    lifeline: std::sync::Weak<Lifeline>,
+}
+
+/// Locks a mutex, recovering from poisoning (a panicking holder cannot leave these maps in a
+/// state worse than a lost connection).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Shared {
@@ -143,15 +158,49 @@ impl Shared {
     }
 }
 
+/// Held by every user handle (connection clones, `Incoming`, stream halves). When the last one
+/// goes, nobody can use the connection any more, so it is closed gracefully: whatever was
+/// queued is written, then GOAWAY, then the socket is closed. Without this a forgotten
+/// connection would keep its socket and tasks until the peer hung up.
+pub(crate) struct Lifeline {
+    writer: mpsc::Sender<WriteCmd>,
+    closed: CancellationToken,
+}
+
+impl Drop for Lifeline {
+    fn drop(&mut self) {
+        if self.closed.is_cancelled() {
+            return;
+        }
+        match self.writer.try_send(WriteCmd::GoAway) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(cmd)) => {
+                let writer = self.writer.clone();
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        runtime.spawn(async move {
+                            let _ = writer.send(cmd).await;
+                        });
+                    }
+                    Err(_) => self.closed.cancel(),
+                }
+            }
+        }
+    }
+}
+
 /// A handle to one SPDY connection. Cheap to clone; every clone drives the same connection.
+/// The connection closes (GOAWAY) when it, its `Incoming` and all its streams are dropped.
 #[derive(Clone)]
 pub struct Connection {
     shared: Arc<Shared>,
+    lifeline: Arc<Lifeline>,
 }
 
 /// The streams the peer opens, in the order it opened them.
 pub struct Incoming {
     streams: mpsc::Receiver<Stream>,
+    _lifeline: Arc<Lifeline>,
 }
 
 impl std::fmt::Debug for Incoming {
@@ -186,22 +235,34 @@ impl Connection {
     {
         let (writer, write_rx) = mpsc::channel(WRITE_QUEUE);
         let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_QUEUE);
+        let closed = CancellationToken::new();
+        let lifeline = Arc::new(Lifeline {
+            writer: writer.clone(),
+            closed: closed.clone(),
+        });
         let shared = Arc::new(Shared {
             role,
             writer,
             streams: Mutex::new(HashMap::new()),
             next_id: tokio::sync::Mutex::new(role.first_stream_id()),
-            closed: CancellationToken::new(),
+            closed,
             going_away: AtomicBool::new(false),
             last_peer_stream: AtomicU32::new(0),
+            pings: Mutex::new(HashMap::new()),
+            next_ping_id: AtomicU32::new(role.first_stream_id()),
+            lifeline: Arc::downgrade(&lifeline),
         });
         let (read_half, write_half) = tokio::io::split(io);
         tokio::spawn(write_loop(write_half, write_rx, shared.clone()));
         tokio::spawn(read_loop(read_half, incoming_tx, shared.clone()));
         (
-            Connection { shared },
+            Connection {
+                shared,
+                lifeline: lifeline.clone(),
+            },
             Incoming {
                 streams: incoming_rx,
+                _lifeline: lifeline,
             },
         )
     }
@@ -253,7 +314,13 @@ impl Connection {
             }
         }
         let id = state.id;
-        let stream = Stream::new(state, headers, data_rx, shared.clone());
+        let stream = Stream::new(
+            state,
+            headers,
+            data_rx,
+            shared.clone(),
+            self.lifeline.clone(),
+        );
         match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
             Ok(Ok(Ok(_reply_headers))) => Ok(stream),
             Ok(Ok(Err(err))) => Err(err),
@@ -269,12 +336,19 @@ impl Connection {
     }
 
     /// Sends GOAWAY, closes the connection and waits until it is gone.
+    /// A peer that stops reading cannot hold this up for more than [`GOAWAY_GRACE`]; after that
+    /// the connection is dropped without ceremony.
     pub async fn goaway(&self) {
         self.shared.going_away.store(true, Ordering::Release);
-        if self.shared.send(WriteCmd::GoAway).await.is_err() {
+        let graceful = async {
+            if self.shared.send(WriteCmd::GoAway).await.is_err() {
+                self.shared.closed.cancel();
+            }
+            self.closed().await;
+        };
+        if tokio::time::timeout(GOAWAY_GRACE, graceful).await.is_err() {
             self.shared.closed.cancel();
         }
-        self.closed().await;
     }
 
     /// Drops the connection at once, without GOAWAY: open streams read an error.
@@ -285,6 +359,26 @@ impl Connection {
     /// Resolves once the connection is gone (closed by either side or failed).
     pub async fn closed(&self) {
         self.shared.closed.cancelled().await;
+    }
+
+    /// Sends a PING and waits for the peer's echo; returns the round-trip time. client-go's
+    /// SPDY round tripper pings every 5 s, which also keeps idle-timeout counters moving.
+    pub async fn ping(&self) -> Result<Duration, SpdyError> {
+        let shared = &self.shared;
+        let id = shared.next_ping_id.fetch_add(2, Ordering::AcqRel);
+        let (tx, rx) = oneshot::channel();
+        lock(&shared.pings).insert(id, tx);
+        let started = tokio::time::Instant::now();
+        if let Err(err) = shared.send(WriteCmd::Frame(Frame::Ping { id })).await {
+            lock(&shared.pings).remove(&id);
+            return Err(err);
+        }
+        let answer = tokio::select! {
+            answer = rx => answer.map_err(|_| SpdyError::ConnectionClosed),
+            _ = shared.closed.cancelled() => Err(SpdyError::ConnectionClosed),
+        };
+        lock(&shared.pings).remove(&id);
+        answer.map(|()| started.elapsed())
     }
 
     /// Whether the connection is gone.
@@ -497,6 +591,8 @@ async fn dispatch(
             // Echo the peer's pings; a ping with our parity is the answer to one of ours.
             if shared.role.is_peers(id) {
                 shared.send(WriteCmd::Frame(Frame::Ping { id })).await?;
+            } else if let Some(waiter) = lock(&shared.pings).remove(&id) {
+                let _ = waiter.send(());
             }
             Ok(())
         }
@@ -532,6 +628,10 @@ async fn accept_stream(
     else {
         return refuse(shared, stream_id).await;
     };
+    // No user handle left means nobody could ever take the stream.
+    let Some(lifeline) = shared.lifeline.upgrade() else {
+        return refuse(shared, stream_id).await;
+    };
     let state = Arc::new(StreamState::new(stream_id));
     let (data_tx, data_rx) = mpsc::channel(STREAM_BUFFER);
     if fin {
@@ -545,7 +645,7 @@ async fn accept_stream(
             reply: None,
         },
     );
-    let stream = Stream::new(state, headers, data_rx, shared.clone());
+    let stream = Stream::new(state, headers, data_rx, shared.clone(), lifeline);
     if sender.send(stream).await.is_err() {
         // Nobody takes new streams any more.
         *incoming = None;

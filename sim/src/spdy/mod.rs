@@ -15,7 +15,7 @@ pub mod headers;
 mod stream;
 pub mod upgrade;
 
-pub use conn::{Connection, Incoming, Role};
+pub use conn::{Connection, GOAWAY_GRACE, Incoming, Role};
 pub use stream::{Stream, StreamReader, StreamWriter};
 pub use upgrade::{
     Accepting, NegotiationError, UpgradeError, accept, missing_protocol_response, negotiate,

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 
 use super::SpdyError;
-use super::conn::{Shared, WriteCmd};
+use super::conn::{Lifeline, Shared, WriteCmd};
 use super::frame::{FLAG_FIN, Frame, rst};
 use super::headers::HeaderList;
 
@@ -114,6 +114,7 @@ impl Stream {
         headers: HeaderList,
         data: mpsc::Receiver<Bytes>,
         shared: Arc<Shared>,
+        lifeline: Arc<Lifeline>,
     ) -> Stream {
         Stream {
             headers: Arc::new(headers),
@@ -121,11 +122,13 @@ impl Stream {
                 state: state.clone(),
                 data,
                 pending: Bytes::new(),
+                _lifeline: lifeline.clone(),
             },
             writer: StreamWriter {
                 state,
                 sender: PollSender::new(shared.writer.clone()),
                 shared,
+                _lifeline: lifeline,
             },
         }
     }
@@ -205,6 +208,7 @@ pub struct StreamReader {
     state: Arc<StreamState>,
     data: mpsc::Receiver<Bytes>,
     pending: Bytes,
+    _lifeline: Arc<Lifeline>,
 }
 
 impl StreamReader {
@@ -248,6 +252,8 @@ pub struct StreamWriter {
     state: Arc<StreamState>,
     sender: PollSender<WriteCmd>,
     shared: Arc<Shared>,
+    // Declared last so the FIN queued by `Drop` goes out before a last-handle GOAWAY.
+    _lifeline: Arc<Lifeline>,
 }
 
 impl StreamWriter {

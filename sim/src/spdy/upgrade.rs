@@ -148,6 +148,7 @@ pub fn upgrade_response(protocol: Option<&str>) -> Response<Body> {
 }
 
 /// A server-side upgrade in progress: resolves to the connection once the 101 has been sent.
+#[derive(Debug)]
 pub struct Accepting {
     on_upgrade: OnUpgrade,
 }
@@ -324,4 +325,86 @@ async fn upgrade_client_inner(
     let upgraded = hyper::upgrade::on(&mut response).await?;
     let (connection, incoming) = Connection::new(TokioIo::new(upgraded), Role::Client);
     Ok((protocol, connection, incoming))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offered(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(
+                PROTOCOL_VERSION_HEADER,
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        headers
+    }
+
+    #[test]
+    fn negotiation_reads_repeated_and_comma_joined_values_in_client_order() {
+        let server = ["v4.channel.k8s.io", "v5.channel.k8s.io"];
+        let headers = offered(&[
+            " v3.channel.k8s.io , v5.channel.k8s.io",
+            "v4.channel.k8s.io",
+        ]);
+        assert_eq!(
+            negotiate(&headers, &server).expect("match"),
+            Some("v5.channel.k8s.io".to_string())
+        );
+        assert_eq!(negotiate(&offered(&[]), &server).expect("none"), None);
+        assert_eq!(
+            negotiate(&offered(&[" , "]), &server).expect("empties"),
+            None
+        );
+    }
+
+    #[test]
+    fn refusal_lists_every_server_protocol_in_its_own_header() {
+        let err = negotiate(
+            &offered(&["v9.channel.k8s.io,v8.channel.k8s.io"]),
+            &["a", "b"],
+        )
+        .expect_err("no match");
+        assert_eq!(
+            err.to_string(),
+            "unable to upgrade: unable to negotiate protocol: client supports \
+             [v9.channel.k8s.io v8.channel.k8s.io], server accepts [a b]"
+        );
+        let response = err.into_response();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let accepted: Vec<_> = response
+            .headers()
+            .get_all(ACCEPTED_VERSIONS_HEADER)
+            .iter()
+            .map(|v| v.as_bytes().to_vec())
+            .collect();
+        assert_eq!(accepted, [b"a".to_vec(), b"b".to_vec()]);
+    }
+
+    #[test]
+    fn accept_checks_the_upgrade_headers_like_the_kubelet() {
+        let mut plain = Request::new(());
+        let refused = accept(&mut plain, None).expect_err("not an upgrade");
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        let mut websocket = Request::builder()
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "websocket")
+            .body(())
+            .expect("request");
+        assert!(accept(&mut websocket, None).is_err());
+        let ok = upgrade_response(Some("v4.channel.k8s.io"));
+        assert_eq!(ok.status(), StatusCode::SWITCHING_PROTOCOLS);
+        assert_eq!(
+            ok.headers()
+                .get(PROTOCOL_VERSION_HEADER)
+                .map(|v| v.as_bytes()),
+            Some(&b"v4.channel.k8s.io"[..])
+        );
+        assert_eq!(
+            ok.headers().get(header::UPGRADE).map(|v| v.as_bytes()),
+            Some(&b"SPDY/3.1"[..])
+        );
+    }
 }
