@@ -380,3 +380,65 @@ async fn kubectl_versions_work_against_the_stand_in() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_watch_prints_new_pods() {
+    use tokio::io::AsyncBufReadExt;
+
+    let versions = kubectl_versions(&[27, 33]);
+    if versions.is_empty() {
+        eprintln!("!!!!! NO kubectl BINARY FOUND: skipping the kubectl watch test !!!!!");
+        return;
+    }
+    let api = server().await;
+    let pods = relaylet_sim::apiserver::kinds::by_resource("", "pods").unwrap();
+    for (minor, bin) in versions {
+        let scratch = Scratch::new(&format!("kubectl-watch-1-{minor}"));
+        let admin = scratch.write(
+            "admin.yaml",
+            &api.kubeconfig("admin", &["system:masters"]).unwrap(),
+        );
+        let mut child = tokio::process::Command::new(&bin)
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .arg("--cache-dir")
+            .arg(scratch.0.join("cache"))
+            .args(["get", "pods", "-w"])
+            .env("HOME", &scratch.0)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let name = format!("late-{minor}");
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            let mut created = false;
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.starts_with("web ") && !created {
+                    // The initial list is printed: now a pod appears.
+                    api.store()
+                        .create(
+                            pods,
+                            "default",
+                            json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i"}]},
+                                   "status": {"phase": "Pending"}}),
+                        )
+                        .unwrap();
+                    created = true;
+                }
+                if line.starts_with(&format!("{name} ")) {
+                    return line;
+                }
+            }
+            String::new()
+        })
+        .await
+        .unwrap_or_else(|_| panic!("kubectl 1.{minor} get -w never printed {name}"));
+        assert!(
+            seen.contains("0/1") && seen.contains("Pending"),
+            "kubectl 1.{minor}: {seen}"
+        );
+        child.kill().await.unwrap();
+    }
+}
