@@ -16,12 +16,12 @@ use super::discovery;
 use super::failure::Failure;
 use super::kinds::{Flavor, Kind};
 use super::managed;
+use super::render::Render;
 use super::reviews;
 use super::route::{self, ResourcePath, Target};
 use super::selector::{FieldSelector, LabelSelector};
 use super::smp;
 use super::store::Store;
-use super::table::{self, Include};
 use super::watch::{self, Watch};
 use crate::serve::{PeerCert, Stop};
 
@@ -287,8 +287,7 @@ async fn resource(
         _ => {}
     }
 
-    let table = table::requested(accept(req.headers()))
-        .map(|v| (v, Include::parse(query.get("includeObject"))));
+    let render = Render::from_accept(accept(req.headers()), query.get("includeObject"));
     let manager = field_manager(&query, req.headers());
     let store = Writer {
         store: &app.store,
@@ -310,17 +309,11 @@ async fn resource(
     match verb {
         "get" => {
             let obj = app.store.get(kind, &target.namespace, &target.name)?;
-            Ok(match table {
-                Some((v, include)) => json_response(
-                    StatusCode::OK,
-                    &table::table(kind, v, &[&obj], json!({}), include),
-                ),
-                None => json_response(StatusCode::OK, &obj),
-            })
+            Ok(json_response(StatusCode::OK, &render.one(kind, &obj)))
         }
-        "list" => list(&app.store, &target, &query, table),
+        "list" => list(&app.store, &target, &query, render),
         "watch" => {
-            let watch = watch_request(&target, &query, table)?;
+            let watch = watch_request(&target, &query, render)?;
             let body = watch::serve(app.store.clone(), watch, stop);
             Ok((
                 StatusCode::OK,
@@ -491,7 +484,7 @@ fn list(
     store: &Store,
     target: &ResourcePath,
     query: &Query,
-    table: Option<(&'static str, Include)>,
+    render: Render,
 ) -> Result<Response, Failure> {
     let kind = target.kind;
     let (labels, fields) = selectors(kind, query)?;
@@ -523,23 +516,13 @@ fn list(
         metadata["continue"] = json!(encode_continue(rv, &last));
         metadata["remainingItemCount"] = json!(remaining);
     }
-    let body = match table {
-        Some((v, include)) => table::table(kind, v, &selected, metadata, include),
-        None => json!({
-            "kind": kind.list_kind,
-            "apiVersion": kind.api_version(),
-            "metadata": metadata,
-            "items": selected,
-        }),
-    };
-    Ok(json_response(StatusCode::OK, &body))
+    Ok(json_response(
+        StatusCode::OK,
+        &render.list(kind, &selected, metadata),
+    ))
 }
 
-fn watch_request(
-    target: &ResourcePath,
-    query: &Query,
-    table: Option<(&'static str, Include)>,
-) -> Result<Watch, Failure> {
+fn watch_request(target: &ResourcePath, query: &Query, render: Render) -> Result<Watch, Failure> {
     let kind = target.kind;
     let (labels, mut fields) = selectors(kind, query)?;
     if !target.name.is_empty() {
@@ -577,7 +560,7 @@ fn watch_request(
         bookmarks: query.flag("allowWatchBookmarks"),
         send_initial_events,
         timeout,
-        table,
+        render,
     })
 }
 

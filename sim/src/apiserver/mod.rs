@@ -8,8 +8,8 @@
 //!
 //! Files: [`api`] handles requests; [`route`] parses URLs; [`auth`] and [`reviews`] decide who
 //! may do what; [`store`] keeps objects and history; [`watch`] streams changes; [`smp`],
-//! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`], [`openapi`] and
-//! [`table`] are what kubectl reads; [`protobuf`] decodes the protobuf bodies kubectl's typed
+//! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`], [`openapi`],
+//! [`render`] and [`table`] are what kubectl reads; [`protobuf`] decodes the protobuf bodies kubectl's typed
 //! clients send; [`kinds`] and [`schema`] describe the served types; [`proxy`] reaches
 //! kubelets; [`clock`] and [`failure`] are the shared timestamp and error conventions.
 //!
@@ -29,6 +29,7 @@ pub mod managed;
 pub mod openapi;
 pub mod protobuf;
 pub mod proxy;
+pub mod render;
 pub mod reviews;
 pub mod route;
 pub mod schema;
