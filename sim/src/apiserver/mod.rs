@@ -6,7 +6,8 @@
 //! server-side apply semantics. Pod exec/attach/portforward/log and node proxy calls go to the
 //! kubelet through the kubelet proxy, as kube-apiserver does.
 //!
-//! Files: [`api`] handles requests; [`route`] parses URLs; [`auth`] and [`reviews`] decide who
+//! Files: [`api`] handles requests (with `read`, `write`, `body` and `query`); [`route`]
+//! parses URLs; [`auth`] and [`reviews`] decide who
 //! may do what; [`store`] keeps objects and history; [`watch`] streams changes; [`smp`],
 //! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`], [`openapi`],
 //! [`render`] and [`table`] are what kubectl reads; [`protobuf`] decodes the protobuf bodies kubectl's typed
@@ -20,6 +21,7 @@
 
 pub mod api;
 pub mod auth;
+mod body;
 pub mod clock;
 pub mod discovery;
 pub mod failure;
@@ -29,6 +31,8 @@ pub mod managed;
 pub mod openapi;
 pub mod protobuf;
 pub mod proxy;
+mod query;
+mod read;
 pub mod render;
 pub mod reviews;
 pub mod route;
@@ -38,6 +42,7 @@ pub mod smp;
 pub mod store;
 pub mod table;
 pub mod watch;
+mod write;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
