@@ -2,7 +2,7 @@
 //! discovery changes) against the API server
 //! stand-in: discovery, get/describe of pods and nodes, wide output, apply (client- and
 //! server-side), create generators, label, delete, server-side dry run, top (metrics API),
-//! auth can-i,
+//! auth can-i and whoami,
 //! and the 401/403 answers for missing credentials and denied requests.
 
 mod support;
@@ -341,6 +341,17 @@ async fn kubectl_versions_work_against_the_stand_in() {
             .split_whitespace()
             .collect();
         assert_eq!(row, ["web", "5m", "10Mi"], "{ctx}: {}", top.stdout);
+
+        if minor >= 30 {
+            // SelfSubjectReview (authentication.k8s.io/v1 from 1.28, GA in 1.30).
+            let whoami = run(viewer.clone(), vec!["auth", "whoami"]).await;
+            assert!(whoami.ok, "{ctx} whoami: {}", whoami.stderr);
+            assert!(
+                whoami.stdout.contains("viewer") && whoami.stdout.contains("system:authenticated"),
+                "{ctx}: {}",
+                whoami.stdout
+            );
+        }
 
         let can = run(viewer.clone(), vec!["auth", "can-i", "get", "pods"]).await;
         assert_eq!(

@@ -163,6 +163,16 @@ impl ApiServer {
         format!("https://{}", self.addr)
     }
 
+    /// The cluster name used in kubeconfigs.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The cluster CA (serving certificate issuer and client CA).
+    pub fn ca(&self) -> &Arc<Ca> {
+        &self.ca
+    }
+
     /// The store behind the server, for direct typed or JSON access.
     pub fn store(&self) -> &Store {
         &self.store
