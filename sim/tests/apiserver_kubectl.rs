@@ -1,9 +1,8 @@
-//! Real kubectl binaries (1.27, 1.29, 1.30, 1.32, 1.33: both sides of the SPDY/WebSocket and
-//! discovery changes) against the API server
-//! stand-in: discovery, get/describe of pods and nodes, wide output, apply (client- and
-//! server-side), create generators, label, delete, server-side dry run, top (metrics API),
-//! auth can-i and whoami,
-//! and the 401/403 answers for missing credentials and denied requests.
+//! Real kubectl binaries (1.27, 1.29, 1.30, 1.32, 1.33: both sides of the SPDY/WebSocket,
+//! aggregated-discovery and protobuf changes) against the API server stand-in: get/describe of
+//! pods and nodes, wide and all-namespace output, selectors, apply (client- and server-side),
+//! create generators, label, delete, server-side dry run, top (metrics API), auth can-i and
+//! whoami, get -w, and the 401/403 answers for missing credentials and denied requests.
 
 mod support;
 
