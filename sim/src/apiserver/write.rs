@@ -139,6 +139,15 @@ pub(super) fn reconcile(kind: &Kind, subresource: &str, live: &Value, mut next: 
     }
 }
 
+/// What upstream's strategies do to every new object: defaulting, and for pods a status
+/// reset (the kubelet reports status later).
+fn prepare_for_create(kind: &Kind, body: &mut Value) {
+    defaults(kind, body);
+    if kind.group.is_empty() && kind.kind == "Pod" {
+        body["status"] = json!({ "phase": "Pending" });
+    }
+}
+
 /// Upstream's defaulting for the fields clients commonly leave out.
 pub(super) fn defaults(kind: &Kind, body: &mut Value) {
     if kind.group.is_empty()
@@ -216,11 +225,7 @@ pub(super) fn create(
             "resourceVersion should not be set on objects to be created",
         ));
     }
-    defaults(kind, &mut body);
-    if kind.kind == "Pod" {
-        // Upstream's pod strategy resets status on create; the kubelet reports it later.
-        body["status"] = json!({ "phase": "Pending" });
-    }
+    prepare_for_create(kind, &mut body);
     let api_version = kind.api_version();
     managed::track_update(
         &managed_request(target, manager, &api_version),
@@ -299,6 +304,7 @@ pub(super) async fn patch(
                 if let Some(m) = obj["metadata"].as_object_mut() {
                     m.remove("resourceVersion");
                 }
+                prepare_for_create(kind, &mut obj);
                 let created = store.create(kind, &target.namespace, obj)?;
                 Ok(json_response(StatusCode::CREATED, &created))
             }
