@@ -850,3 +850,76 @@ async fn json_patch_and_watch_timeout() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn metadata_lists_and_watchers_get_partial_objects() {
+    let ca = Arc::new(Ca::new("sim").unwrap());
+    let api = start(ca, None, None).await;
+    let client = client(&api, "admin").await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (name, managed) in [("virtual-a", true), ("real-b", false)] {
+        let mut labels = json!({});
+        if managed {
+            labels["app.kubernetes.io/managed-by"] = json!("relaylet");
+        }
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels},
+            "status": {"capacity": {"cpu": "4"}}}))
+            .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+    let listed = nodes
+        .list_metadata(&ListParams::default().labels("app.kubernetes.io/managed-by=relaylet"))
+        .await
+        .unwrap();
+    let names: Vec<_> = listed
+        .items
+        .iter()
+        .map(|n| n.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["virtual-a"]);
+    assert_eq!(
+        listed.items[0].types.as_ref().unwrap().kind,
+        "PartialObjectMetadata"
+    );
+
+    let partial: Api<kube::core::PartialObjectMeta<Node>> = Api::all(client.clone());
+    let mut stream = watcher::watcher(partial, watcher::Config::default()).boxed();
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let event = tokio::time::timeout(STEP, stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push(match event {
+            Event::Init => "Init".to_string(),
+            Event::InitApply(n) => format!("InitApply {}", n.metadata.name.unwrap()),
+            Event::InitDone => "InitDone".to_string(),
+            Event::Apply(n) => format!("Apply {}", n.metadata.name.unwrap()),
+            Event::Delete(n) => format!("Delete {}", n.metadata.name.unwrap()),
+        });
+    }
+    assert_eq!(
+        seen,
+        [
+            "Init",
+            "InitApply real-b",
+            "InitApply virtual-a",
+            "InitDone"
+        ]
+    );
+    nodes
+        .delete("real-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    match tokio::time::timeout(STEP, stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+    {
+        Event::Delete(n) => assert_eq!(n.metadata.name.as_deref(), Some("real-b")),
+        other => panic!("expected a delete, got {other:?}"),
+    }
+}

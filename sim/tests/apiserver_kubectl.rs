@@ -1,8 +1,8 @@
-//! Real kubectl binaries (1.27, 1.29, 1.30, 1.32, 1.33: both sides of the SPDY/WebSocket and
-//! discovery changes) against the API server
-//! stand-in: discovery, get/describe of pods and nodes, wide output, apply (client- and
-//! server-side), delete, server-side dry run, top (metrics API), auth can-i,
-//! and the 401/403 answers for missing credentials and denied requests.
+//! Real kubectl binaries (1.27, 1.29, 1.30, 1.32, 1.33: both sides of the SPDY/WebSocket,
+//! aggregated-discovery and protobuf changes) against the API server stand-in: get/describe of
+//! pods and nodes, wide and all-namespace output, selectors, apply (client- and server-side),
+//! create generators, label, delete, server-side dry run, top (metrics API), auth can-i and
+//! whoami, get -w, and the 401/403 answers for missing credentials and denied requests.
 
 mod support;
 
@@ -136,6 +136,34 @@ async fn kubectl_versions_work_against_the_stand_in() {
             wide.stdout
         );
 
+        let all = run(admin.clone(), vec!["get", "pods", "-A", "-l", "app=web"]).await;
+        assert!(all.ok, "{ctx}: {}", all.stderr);
+        let header: Vec<&str> = all
+            .stdout
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(header[..2], ["NAMESPACE", "NAME"], "{ctx}: {}", all.stdout);
+        assert_eq!(all.stdout.lines().count(), 2, "{ctx}: {}", all.stdout);
+        let none = run(
+            admin.clone(),
+            vec!["get", "pods", "--field-selector", "spec.nodeName=elsewhere"],
+        )
+        .await;
+        assert!(
+            none.ok && none.stdout.is_empty(),
+            "{ctx}: {} {}",
+            none.stdout,
+            none.stderr
+        );
+        assert!(
+            none.stderr.contains("No resources found"),
+            "{ctx}: {}",
+            none.stderr
+        );
+
         let nodes = run(admin.clone(), vec!["get", "nodes", "-o", "wide"]).await;
         assert!(nodes.ok, "{ctx}: {}", nodes.stderr);
         let row: Vec<&str> = nodes
@@ -229,8 +257,61 @@ async fn kubectl_versions_work_against_the_stand_in() {
         );
 
         // Server-side dry run checks and answers but stores nothing.
-        // (Not `kubectl create configmap`: from 1.32 it posts protobuf, which this stand-in
-        // does not decode for stored kinds.)
+        // Generators (protobuf bodies from kubectl 1.32 on): a leaf-cluster Secret the way an
+        // operator adds one, a ConfigMap and a Namespace.
+        let ns: &'static str = Box::leak(format!("team-{minor}").into_boxed_str());
+        let created = run(admin.clone(), vec!["create", "namespace", ns]).await;
+        assert!(created.ok, "{ctx} create namespace: {}", created.stderr);
+        let created = run(
+            admin.clone(),
+            vec![
+                "create",
+                "secret",
+                "generic",
+                "leaf-east",
+                "-n",
+                ns,
+                "--from-literal=kubeconfig=apiVersion: v1",
+            ],
+        )
+        .await;
+        assert!(created.ok, "{ctx} create secret: {}", created.stderr);
+        let labelled = run(
+            admin.clone(),
+            vec![
+                "label",
+                "secret",
+                "leaf-east",
+                "-n",
+                ns,
+                "relaylet.io/leaf-cluster=east",
+            ],
+        )
+        .await;
+        assert!(labelled.ok, "{ctx} label: {}", labelled.stderr);
+        let secrets = relaylet_sim::apiserver::kinds::by_resource("", "secrets").unwrap();
+        let secret = api.store().get(secrets, ns, "leaf-east").unwrap();
+        assert_eq!(
+            secret["data"]["kubeconfig"], "YXBpVmVyc2lvbjogdjE=",
+            "{ctx}"
+        );
+        assert_eq!(secret["type"], "Opaque", "{ctx}");
+        assert_eq!(
+            secret["metadata"]["labels"]["relaylet.io/leaf-cluster"], "east",
+            "{ctx}"
+        );
+        let created = run(
+            admin.clone(),
+            vec!["create", "configmap", "gen", "-n", ns, "--from-literal=a=b"],
+        )
+        .await;
+        assert!(created.ok, "{ctx} create configmap: {}", created.stderr);
+        assert_eq!(
+            api.store().get(kind, ns, "gen").unwrap()["data"]["a"],
+            "b",
+            "{ctx}"
+        );
+
         let dry = run(
             admin.clone(),
             vec!["apply", "--dry-run=server", "-f", manifest, "-o", "name"],
@@ -259,6 +340,17 @@ async fn kubectl_versions_work_against_the_stand_in() {
             .split_whitespace()
             .collect();
         assert_eq!(row, ["web", "5m", "10Mi"], "{ctx}: {}", top.stdout);
+
+        if minor >= 30 {
+            // SelfSubjectReview (authentication.k8s.io/v1 from 1.28, GA in 1.30).
+            let whoami = run(viewer.clone(), vec!["auth", "whoami"]).await;
+            assert!(whoami.ok, "{ctx} whoami: {}", whoami.stderr);
+            assert!(
+                whoami.stdout.contains("viewer") && whoami.stdout.contains("system:authenticated"),
+                "{ctx}: {}",
+                whoami.stdout
+            );
+        }
 
         let can = run(viewer.clone(), vec!["auth", "can-i", "get", "pods"]).await;
         assert_eq!(
@@ -296,5 +388,67 @@ async fn kubectl_versions_work_against_the_stand_in() {
             "{ctx}: {}",
             unauthorized.stderr
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_watch_prints_new_pods() {
+    use tokio::io::AsyncBufReadExt;
+
+    let versions = kubectl_versions(&[27, 33]);
+    if versions.is_empty() {
+        eprintln!("!!!!! NO kubectl BINARY FOUND: skipping the kubectl watch test !!!!!");
+        return;
+    }
+    let api = server().await;
+    let pods = relaylet_sim::apiserver::kinds::by_resource("", "pods").unwrap();
+    for (minor, bin) in versions {
+        let scratch = Scratch::new(&format!("kubectl-watch-1-{minor}"));
+        let admin = scratch.write(
+            "admin.yaml",
+            &api.kubeconfig("admin", &["system:masters"]).unwrap(),
+        );
+        let mut child = tokio::process::Command::new(&bin)
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .arg("--cache-dir")
+            .arg(scratch.0.join("cache"))
+            .args(["get", "pods", "-w"])
+            .env("HOME", &scratch.0)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let name = format!("late-{minor}");
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            let mut created = false;
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.starts_with("web ") && !created {
+                    // The initial list is printed: now a pod appears.
+                    api.store()
+                        .create(
+                            pods,
+                            "default",
+                            json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i"}]},
+                                   "status": {"phase": "Pending"}}),
+                        )
+                        .unwrap();
+                    created = true;
+                }
+                if line.starts_with(&format!("{name} ")) {
+                    return line;
+                }
+            }
+            String::new()
+        })
+        .await
+        .unwrap_or_else(|_| panic!("kubectl 1.{minor} get -w never printed {name}"));
+        assert!(
+            seen.contains("0/1") && seen.contains("Pending"),
+            "kubectl 1.{minor}: {seen}"
+        );
+        child.kill().await.unwrap();
     }
 }

@@ -89,10 +89,13 @@ proptest! {
     }
 
     #[test]
-    fn protobuf_reviews_never_panic(body in prop::collection::vec(any::<u8>(), 0..64)) {
+    fn protobuf_bodies_never_panic(body in prop::collection::vec(any::<u8>(), 0..64)) {
         let mut framed = b"k8s\0".to_vec();
         framed.extend(&body);
         let _ = protobuf::decode_review(&framed, "SelfSubjectAccessReview");
         let _ = protobuf::decode_review(&body, "TokenReview");
+        for kind in ["Secret", "ConfigMap", "Namespace"] {
+            let _ = protobuf::decode_object(&framed, kind);
+        }
     }
 }

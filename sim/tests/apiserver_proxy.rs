@@ -1,5 +1,5 @@
 //! The API server's kubelet routes end to end: real kubectl (1.27 over SPDY, 1.33 over
-//! WebSocket v5 translated to SPDY) runs `exec` and `logs` through the stand-in API server into
+//! WebSocket v5 translated to SPDY) and kube-rs' AttachedProcess run `exec` and `logs` through the stand-in API server into
 //! the kubelet stand-in, which runs real processes. Also the failures upstream reports before
 //! dialling: missing pod (404), an unbound pod's empty log, node proxy, and the 1.35 rule that exec needs
 //! `create` on `pods/exec` even for a WebSocket GET.
@@ -19,8 +19,9 @@ use support::{Scratch, kubectl, kubectl_versions};
 async fn kubectl_exec_and_logs_reach_the_kubelet_through_the_api_server() {
     let versions = kubectl_versions(&[27, 33]);
     if versions.is_empty() {
-        eprintln!("!!!!! NO kubectl BINARY FOUND: skipping the kubelet-proxy kubectl test !!!!!");
-        return;
+        eprintln!(
+            "!!!!! NO kubectl BINARY FOUND: only kube-rs runs in the kubelet-proxy test !!!!!"
+        );
     }
     let scratch = Scratch::new("apiserver-proxy");
     let ca = Arc::new(Ca::new("sim-cluster").unwrap());
@@ -195,5 +196,36 @@ async fn kubectl_exec_and_logs_reach_the_kubelet_through_the_api_server() {
             denied.stderr
         );
     }
+
+    // kube-rs' AttachedProcess (WebSocket) through the same route.
+    let yaml = api.kubeconfig("admin", &["system:masters"]).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&yaml).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    let mut attached = pods
+        .exec(
+            "web",
+            ["sh", "-c", "printf from-kube-rs"],
+            &kube::api::AttachParams::default().stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut stdout = attached.stdout().unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(out, "from-kube-rs");
+    let status = attached.take_status().unwrap().await.unwrap();
+    assert_eq!(status.status.as_deref(), Some("Success"));
     kubelet.stop();
 }

@@ -120,7 +120,8 @@ pub struct Attributes {
 ///
 /// Empty `names` or `namespaces` mean all (a `namespaces` list scopes the rule like a
 /// RoleBinding; empty is a ClusterRoleBinding). `"*"` matches anything in every list;
-/// resources are written like RBAC's (`pods`, `pods/exec`, `pods/*`, `*`).
+/// resources are written like RBAC's (`pods`, `pods/exec`, `pods/*`, `*`). As in RBAC, a
+/// resource rule must name its API groups (`""` is the core group) and verbs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Rule {
     pub users: Vec<String>,

@@ -6,14 +6,22 @@
 //! server-side apply semantics. Pod exec/attach/portforward/log and node proxy calls go to the
 //! kubelet through the kubelet proxy, as kube-apiserver does.
 //!
-//! Files: [`api`] handles requests; [`route`] parses URLs; [`auth`] and [`reviews`] decide who
+//! Files: [`api`] handles requests (with `read`, `write`, `body` and `query`); [`route`]
+//! parses URLs; [`auth`] and [`reviews`] decide who
 //! may do what; [`store`] keeps objects and history; [`watch`] streams changes; [`smp`],
-//! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`] and [`table`] are
-//! what kubectl reads; [`kinds`] and [`schema`] describe the served types; [`proxy`] reaches
-//! kubelets.
+//! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`], [`openapi`],
+//! [`render`] and [`table`] are what kubectl reads; [`protobuf`] decodes the protobuf bodies kubectl's typed
+//! clients send; [`kinds`] and [`schema`] describe the served types; [`proxy`] reaches
+//! kubelets; [`clock`] and [`failure`] are the shared timestamp and error conventions.
+//!
+//! Known simplifications: objects are deleted at once (no graceful deletion or finalizer
+//! wait, no garbage collection); `fieldValidation=Strict` is accepted without a schema to
+//! check against; lists served in pages are not a consistent snapshot across pages; protobuf
+//! bodies are decoded only for review kinds, ConfigMap, Secret and Namespace.
 
 pub mod api;
 pub mod auth;
+mod body;
 pub mod clock;
 pub mod discovery;
 pub mod failure;
@@ -23,6 +31,9 @@ pub mod managed;
 pub mod openapi;
 pub mod protobuf;
 pub mod proxy;
+mod query;
+mod read;
+pub mod render;
 pub mod reviews;
 pub mod route;
 pub mod schema;
@@ -31,6 +42,7 @@ pub mod smp;
 pub mod store;
 pub mod table;
 pub mod watch;
+mod write;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -152,6 +164,16 @@ impl ApiServer {
     /// `https://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)
+    }
+
+    /// The cluster name used in kubeconfigs.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The cluster CA (serving certificate issuer and client CA).
+    pub fn ca(&self) -> &Arc<Ca> {
+        &self.ca
     }
 
     /// The store behind the server, for direct typed or JSON access.

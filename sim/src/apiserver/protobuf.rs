@@ -1,21 +1,22 @@
-//! Decoding the protobuf requests kubectl sends for review objects.
+//! Decoding the protobuf requests kubectl's typed clients send.
 //!
-//! kubectl's typed clients post SelfSubjectAccessReview (`kubectl auth can-i`) and friends as
+//! kubectl posts SelfSubjectAccessReview (`kubectl auth can-i`) and, from 1.32, the objects
+//! its `create configmap|secret|namespace` generators make as
 //! `application/vnd.kubernetes.protobuf`: the `k8s\0` magic, then a `runtime.Unknown` envelope
-//! whose `raw` field holds the object. Only the review kinds are decoded (their specs are a
-//! few strings); answers go back as JSON, which those clients accept. Field numbers are the
-//! ones in upstream's `generated.proto` files.
+//! whose `raw` field holds the object. Those kinds are decoded (metadata name, namespace,
+//! labels, annotations and the kind's own fields); answers go back as JSON, which those
+//! clients accept. Field numbers are the ones in upstream's `generated.proto` files.
 
+use base64::Engine;
 use serde_json::{Map, Value, json};
 
 use super::failure::Failure;
 
 const MAGIC: &[u8] = b"k8s\0";
 
-/// One decoded field's payload. Review specs carry only strings and messages, so numeric
-/// fields are skipped rather than kept.
+/// One decoded field's payload.
 enum Field<'a> {
-    Number,
+    Number(u64),
     Bytes(&'a [u8]),
 }
 
@@ -45,8 +46,8 @@ fn fields(buf: &[u8]) -> Result<Vec<(u64, Field<'_>)>, Failure> {
         let (number, wire) = (key >> 3, key & 7);
         match wire {
             0 => {
-                varint(buf, &mut pos)?;
-                out.push((number, Field::Number));
+                let value = varint(buf, &mut pos)?;
+                out.push((number, Field::Number(value)));
             }
             2 => {
                 let len =
@@ -125,18 +126,131 @@ const RESOURCE_ATTRIBUTES: &[&str] = &[
 ];
 const NON_RESOURCE_ATTRIBUTES: &[&str] = &["path", "verb"];
 
-/// Decodes a protobuf-encoded review of kind `kind` into its JSON form.
-pub fn decode_review(body: &[u8], kind: &str) -> Result<Value, Failure> {
+/// The object bytes inside the `k8s\0` + `runtime.Unknown` envelope.
+fn unwrap_envelope(body: &[u8]) -> Result<&[u8], Failure> {
     let envelope = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| bad("missing k8s magic"))?;
-    let raw = fields(envelope)?
+    fields(envelope)?
         .into_iter()
         .find_map(|(n, f)| match (n, f) {
             (2, Field::Bytes(b)) => Some(b),
             _ => None,
         })
-        .ok_or_else(|| bad("envelope without raw object"))?;
+        .ok_or_else(|| bad("envelope without raw object"))
+}
+
+/// One entry of a protobuf `map<string, string>` (or of bytes, base64-encoded as JSON carries
+/// them): `{1: key, 2: value}`.
+fn map_entry(bytes: &[u8], binary: bool) -> Result<(String, Value), Failure> {
+    let mut key = String::new();
+    let mut value = json!("");
+    for (n, f) in fields(bytes)? {
+        match (n, f) {
+            (1, Field::Bytes(b)) => key = text(b)?,
+            (2, Field::Bytes(b)) if binary => {
+                value = json!(base64::engine::general_purpose::STANDARD.encode(b));
+            }
+            (2, Field::Bytes(b)) => value = json!(text(b)?),
+            _ => {}
+        }
+    }
+    Ok((key, value))
+}
+
+fn insert_entry(
+    out: &mut Map<String, Value>,
+    field: &str,
+    bytes: &[u8],
+    binary: bool,
+) -> Result<(), Failure> {
+    let (k, v) = map_entry(bytes, binary)?;
+    let map = out.entry(field.to_string()).or_insert_with(|| json!({}));
+    if let Some(map) = map.as_object_mut() {
+        map.insert(k, v);
+    }
+    Ok(())
+}
+
+/// ObjectMeta: the fields a client sets when creating (name, generateName, namespace,
+/// labels, annotations, finalizers).
+fn object_meta(bytes: &[u8]) -> Result<Value, Failure> {
+    let mut meta = Map::new();
+    for (n, f) in fields(bytes)? {
+        let Field::Bytes(b) = f else {
+            continue;
+        };
+        match n {
+            1 => {
+                meta.insert("name".into(), json!(text(b)?));
+            }
+            2 => {
+                meta.insert("generateName".into(), json!(text(b)?));
+            }
+            3 => {
+                meta.insert("namespace".into(), json!(text(b)?));
+            }
+            11 => insert_entry(&mut meta, "labels", b, false)?,
+            12 => insert_entry(&mut meta, "annotations", b, false)?,
+            14 => {
+                let list = meta.entry("finalizers").or_insert_with(|| json!([]));
+                if let Some(list) = list.as_array_mut() {
+                    list.push(json!(text(b)?));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(Value::Object(meta))
+}
+
+/// Decodes a protobuf-encoded ConfigMap, Secret or Namespace into its JSON form; other kinds
+/// are 415 Unsupported Media Type.
+pub fn decode_object(body: &[u8], kind: &str) -> Result<Value, Failure> {
+    if !matches!(kind, "ConfigMap" | "Secret" | "Namespace") {
+        return Err(Failure::unsupported_media_type(&format!(
+            "application/vnd.kubernetes.protobuf ({kind})"
+        )));
+    }
+    let raw = unwrap_envelope(body)?;
+    let mut out = Map::new();
+    out.insert("kind".into(), json!(kind));
+    for (n, f) in fields(raw)? {
+        match (kind, n, f) {
+            (_, 1, Field::Bytes(b)) => {
+                out.insert("metadata".into(), object_meta(b)?);
+            }
+            ("ConfigMap", 2, Field::Bytes(b)) => insert_entry(&mut out, "data", b, false)?,
+            ("ConfigMap", 3, Field::Bytes(b)) => insert_entry(&mut out, "binaryData", b, true)?,
+            ("ConfigMap", 4, Field::Number(v)) | ("Secret", 5, Field::Number(v)) => {
+                out.insert("immutable".into(), json!(v != 0));
+            }
+            ("Secret", 2, Field::Bytes(b)) => insert_entry(&mut out, "data", b, true)?,
+            ("Secret", 3, Field::Bytes(b)) => {
+                out.insert("type".into(), json!(text(b)?));
+            }
+            ("Secret", 4, Field::Bytes(b)) => insert_entry(&mut out, "stringData", b, false)?,
+            _ => {}
+        }
+    }
+    // stringData is write-only: upstream folds it into data.
+    if let Some(Value::Object(plain)) = out.remove("stringData") {
+        let data = out.entry("data").or_insert_with(|| json!({}));
+        if let Some(data) = data.as_object_mut() {
+            for (k, v) in plain {
+                let encoded = base64::engine::general_purpose::STANDARD
+                    .encode(v.as_str().unwrap_or_default());
+                data.insert(k, json!(encoded));
+            }
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+/// Decodes a protobuf-encoded review of kind `kind` into its JSON form.
+pub fn decode_review(body: &[u8], kind: &str) -> Result<Value, Failure> {
+    let raw = unwrap_envelope(body)?;
+
     let spec_bytes = fields(raw)?
         .into_iter()
         .find_map(|(n, f)| match (n, f) {
@@ -214,5 +328,45 @@ mod tests {
         );
         assert!(decode_review(b"k8s\0\x12\x7f", "SelfSubjectAccessReview").is_err());
         assert!(decode_review(b"nope", "TokenReview").is_err());
+    }
+
+    #[test]
+    fn secrets_and_configmaps_decode() {
+        let entry = |k: &[u8], v: &[u8]| [field(1, k), field(2, v)].concat();
+        let meta = [
+            field(1, b"leaf"),
+            field(3, b"relaylet"),
+            field(11, &entry(b"relaylet.io/leaf-cluster", b"east")),
+        ]
+        .concat();
+        let secret = [
+            field(1, &meta),
+            field(2, &entry(b"kubeconfig", b"\x00bin")),
+            field(3, b"Opaque"),
+            field(4, &entry(b"s", b"plain")),
+        ]
+        .concat();
+        let body = [MAGIC, &field(2, &secret)].concat();
+        let obj = decode_object(&body, "Secret").unwrap();
+        assert_eq!(obj["metadata"]["name"], "leaf");
+        assert_eq!(
+            obj["metadata"]["labels"]["relaylet.io/leaf-cluster"],
+            "east"
+        );
+        assert_eq!(obj["data"]["kubeconfig"], "AGJpbg==");
+        assert_eq!(obj["data"]["s"], "cGxhaW4=");
+        assert_eq!(obj["type"], "Opaque");
+        let cm = [
+            field(1, &field(1, b"c")),
+            field(2, &entry(b"k", b"v")),
+            vec![0x20, 1],
+        ]
+        .concat();
+        let obj = decode_object(&[MAGIC, &field(2, &cm)].concat(), "ConfigMap").unwrap();
+        assert_eq!(
+            (obj["data"]["k"].as_str(), obj["immutable"].as_bool()),
+            (Some("v"), Some(true))
+        );
+        assert_eq!(decode_object(&body, "Pod").unwrap_err().code, 415);
     }
 }

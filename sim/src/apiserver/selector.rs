@@ -267,6 +267,20 @@ fn supported_fields(kind: &Kind) -> &'static [&'static str] {
             "source",
             "type",
         ],
+        ("events.k8s.io", "Event") => &[
+            "metadata.name",
+            "metadata.namespace",
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "regarding.apiVersion",
+            "regarding.resourceVersion",
+            "regarding.fieldPath",
+            "reason",
+            "reportingController",
+            "type",
+        ],
         _ => &["metadata.name", "metadata.namespace"],
     }
 }

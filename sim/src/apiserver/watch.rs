@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::failure::Failure;
 use super::kinds::Kind;
+use super::render::Render;
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{Change, Event, Store};
-use super::table::{self, Include};
 
 /// How often a watch that allows bookmarks gets one.
 const BOOKMARK_EVERY: Duration = Duration::from_secs(2);
@@ -45,8 +45,8 @@ pub struct Watch {
     pub bookmarks: bool,
     pub send_initial_events: bool,
     pub timeout: Option<Duration>,
-    /// Table version when the client asked for server-side printing.
-    pub table: Option<(&'static str, Include)>,
+    /// How event objects are rendered (whole, Table, PartialObjectMetadata).
+    pub render: Render,
 }
 
 impl Watch {
@@ -60,11 +60,9 @@ impl Watch {
     }
 
     fn wire(&self, kind: &str, object: &Value) -> Bytes {
-        let object = match (self.table, kind) {
-            (Some((version, include)), "ADDED" | "MODIFIED" | "DELETED") => {
-                table::table(self.kind, version, &[object], json!({}), include)
-            }
-            _ => object.clone(),
+        let object = match (self.render, kind) {
+            (_, "ERROR") | (Render::Table(..), "BOOKMARK") => object.clone(),
+            (render, _) => render.one(self.kind, object),
         };
         let mut line = json!({ "type": kind, "object": object }).to_string();
         line.push('\n');
