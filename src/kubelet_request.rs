@@ -20,8 +20,8 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 /// The most `command` arguments one exec may carry. Real argv limits are far higher, but a
 /// request with more than this is abuse, not a command.
 pub const MAX_COMMAND_ARGS: usize = 4096;
-/// The most bytes the whole query may decode to.
-pub const MAX_QUERY_BYTES: usize = 256 * 1024;
+/// The most bytes the raw query may have (the HTTP layer already caps whole URIs at 64 KiB).
+pub const MAX_QUERY_BYTES: usize = 64 * 1024;
 
 /// The kubelet call kinds relaylet relays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -431,5 +431,29 @@ mod tests {
             r.leaf_path("ns", "p.v1"),
             "/api/v1/namespaces/ns/pods/p.v1/exec?container=c&command=ls"
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Any path and query: an answer (parsed or a clear error), never a panic; and what
+        /// parses yields names that are safe to put back into a leaf path.
+        #[test]
+        fn parse_never_panics(
+            path in "(/(exec|attach|portForward|containerLogs|[a-zA-Z0-9%._~-]{0,12}|%2[eEfF]|\\.\\.)){0,6}",
+            query in proptest::option::of("([a-zA-Z]{0,10}=[a-zA-Z0-9%+&=._-]{0,20}&?){0,8}"),
+        ) {
+            if let Ok(r) = KubeletRequest::parse(&path, query.as_deref()) {
+                let leaf = r.leaf_path(&r.namespace, &r.pod);
+                proptest::prop_assert!(leaf.starts_with("/api/v1/namespaces/"));
+                proptest::prop_assert!(!leaf.split(['/', '?']).any(|seg| seg == ".." || seg == "."));
+                proptest::prop_assert!(!r.pod.contains('/') && !r.namespace.contains('/'));
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(path in ".{0,200}", query in ".{0,200}") {
+            let _ = KubeletRequest::parse(&path, Some(&query));
+        }
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::Context;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
-use relaylet_sim::apiserver::{Policy, Rule};
+use relaylet_sim::apiserver::{Policy, Rule, UserInfo};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 
 use crate::Running;
@@ -70,6 +70,10 @@ pub struct Settings {
     pub env: BTreeMap<String, String>,
     /// Extra pods to create in each leaf (and mirror in the root), besides the demo pods.
     pub pods: Vec<(String, SimPod)>,
+    /// Extra authorization rules for the root cluster (its RBAC).
+    pub root_rules: Vec<Rule>,
+    /// Bearer tokens the root cluster accepts (its token authenticator).
+    pub root_tokens: Vec<(String, UserInfo)>,
 }
 
 impl Default for Settings {
@@ -78,6 +82,8 @@ impl Default for Settings {
             leaves: vec!["leaf-1".to_string(), "leaf-2".to_string()],
             env: BTreeMap::new(),
             pods: Vec::new(),
+            root_rules: Vec::new(),
+            root_tokens: Vec::new(),
         }
     }
 }
@@ -109,7 +115,10 @@ impl Sandbox {
         ]
         .map(String::from)
         .to_vec();
-        root_options.policy = root_policy();
+        let mut rules = root_rules();
+        rules.extend(settings.root_rules.clone());
+        root_options.policy = Policy::new(rules);
+        root_options.tokens = settings.root_tokens.clone();
         let root = Cluster::start(root_options)
             .await
             .context("starting the root cluster")?;
@@ -331,8 +340,8 @@ while True:
 }
 
 /// What relaylet may do in the root cluster: the chart's ClusterRole and Role.
-fn root_policy() -> Policy {
-    Policy::new(vec![
+fn root_rules() -> Vec<Rule> {
+    vec![
         Rule::group("system:masters")
             .verbs(&["*"])
             .api_groups(&["*"])
@@ -381,7 +390,7 @@ fn root_policy() -> Policy {
         Rule::user(RELAYLET_ROOT_USER)
             .verbs(&["get"])
             .non_resource_urls(&["/api", "/api/*", "/apis", "/apis/*", "/version"]),
-    ])
+    ]
 }
 
 /// What relaylet may do in a leaf cluster: `deploy/`'s leaf ClusterRole.
