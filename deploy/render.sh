@@ -18,7 +18,7 @@ render() {
 # deploy/render.sh (do not edit by hand). Install:
 #   kubectl create namespace relaylet
 #   kubectl apply -f deploy/relaylet.yaml
-# then register leaf clusters with deploy/make-leaf-secret.sh (see docs/install.md).
+# then register leaf clusters with deploy/make-leaf-secret.sh (see the README, "Install into real clusters").
 HEADER
   "$helm" template relaylet "$root/charts/relaylet" --namespace relaylet
 }
