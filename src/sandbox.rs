@@ -20,6 +20,7 @@ use std::time::Duration;
 use anyhow::Context;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use relaylet_sim::apiserver::{Policy, Rule, UserInfo};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 
@@ -31,8 +32,11 @@ use crate::shutdown::Shutdown;
 pub const RELAYLET_NAMESPACE: &str = "relaylet-system";
 /// relaylet's identity in the root cluster (its ServiceAccount in a real install).
 pub const RELAYLET_ROOT_USER: &str = "system:serviceaccount:relaylet-system:relaylet";
-/// relaylet's identity in each leaf cluster (the `deploy/` ServiceAccount).
-pub const RELAYLET_LEAF_USER: &str = "system:serviceaccount:relaylet-system:relaylet-leaf";
+/// relaylet's identity in each leaf cluster: the ServiceAccount `deploy/leaf-rbac.yaml` makes.
+pub const RELAYLET_LEAF_USER: &str = "system:serviceaccount:relaylet:relaylet-leaf";
+
+/// The leaf-side RBAC relaylet ships; the sandbox's leaves enforce exactly its rules.
+pub const LEAF_RBAC_MANIFEST: &str = include_str!("../deploy/leaf-rbac.yaml");
 
 /// Command-line options of `relaylet sandbox`.
 #[derive(Debug, Clone, Default)]
@@ -74,6 +78,8 @@ pub struct Settings {
     pub root_rules: Vec<Rule>,
     /// Bearer tokens the root cluster accepts (its token authenticator).
     pub root_tokens: Vec<(String, UserInfo)>,
+    /// The leaf ClusterRole's rules; `None` uses `deploy/leaf-rbac.yaml` as shipped.
+    pub leaf_rules: Option<Vec<PolicyRule>>,
 }
 
 impl Default for Settings {
@@ -84,6 +90,7 @@ impl Default for Settings {
             pods: Vec::new(),
             root_rules: Vec::new(),
             root_tokens: Vec::new(),
+            leaf_rules: None,
         }
     }
 }
@@ -130,7 +137,11 @@ impl Sandbox {
         let mut leaves = HashMap::new();
         for name in &settings.leaves {
             let mut options = ClusterOptions::new(name);
-            options.policy = leaf_policy();
+            let leaf_rules = match &settings.leaf_rules {
+                Some(rules) => rules.clone(),
+                None => leaf_rbac_rules()?,
+            };
+            options.policy = leaf_policy(&leaf_rules);
             let leaf = Cluster::start(options)
                 .await
                 .with_context(|| format!("starting leaf {name}"))?;
@@ -393,9 +404,24 @@ fn root_rules() -> Vec<Rule> {
     ]
 }
 
-/// What relaylet may do in a leaf cluster: `deploy/`'s leaf ClusterRole.
-fn leaf_policy() -> Policy {
-    Policy::new(vec![
+/// The rules of the ClusterRole in `deploy/leaf-rbac.yaml`.
+pub fn leaf_rbac_rules() -> anyhow::Result<Vec<PolicyRule>> {
+    for document in LEAF_RBAC_MANIFEST.split("\n---\n") {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(document).context("parsing deploy/leaf-rbac.yaml")?;
+        if value["kind"] == "ClusterRole" {
+            let role: ClusterRole =
+                serde_json::from_value(value).context("reading the leaf ClusterRole")?;
+            return Ok(role.rules.unwrap_or_default());
+        }
+    }
+    anyhow::bail!("deploy/leaf-rbac.yaml has no ClusterRole")
+}
+
+/// What relaylet may do in a leaf cluster: `rules` bound to its leaf ServiceAccount (plus the
+/// bootstrap discovery rules every authenticated user has, which the stand-in applies itself).
+fn leaf_policy(rules: &[PolicyRule]) -> Policy {
+    let mut policy = vec![
         Rule::group("system:masters")
             .verbs(&["*"])
             .api_groups(&["*"])
@@ -403,22 +429,20 @@ fn leaf_policy() -> Policy {
         Rule::group("system:masters")
             .verbs(&["*"])
             .non_resource_urls(&["*"]),
-        Rule::user(RELAYLET_LEAF_USER)
-            .verbs(&["get", "list", "watch"])
-            .api_groups(&[""])
-            .resources(&["pods", "nodes"]),
-        Rule::user(RELAYLET_LEAF_USER)
-            .verbs(&["create", "get"])
-            .api_groups(&[""])
-            .resources(&["pods/exec", "pods/attach", "pods/portforward"]),
-        Rule::user(RELAYLET_LEAF_USER)
-            .verbs(&["get"])
-            .api_groups(&[""])
-            .resources(&["pods/log"]),
-        Rule::user(RELAYLET_LEAF_USER)
-            .verbs(&["get"])
-            .non_resource_urls(&["/readyz", "/version", "/api", "/api/*", "/apis", "/apis/*"]),
-    ])
+    ];
+    for rule in rules {
+        let strs = |v: &Option<Vec<String>>| v.clone().unwrap_or_default();
+        policy.push(Rule {
+            users: vec![RELAYLET_LEAF_USER.to_string()],
+            verbs: rule.verbs.clone(),
+            api_groups: strs(&rule.api_groups),
+            resources: strs(&rule.resources),
+            names: strs(&rule.resource_names),
+            non_resource_urls: strs(&rule.non_resource_urls),
+            ..Rule::default()
+        });
+    }
+    Policy::new(policy)
 }
 
 fn namespace(name: &str) -> Namespace {
