@@ -65,11 +65,12 @@ impl Controller {
     /// Runs one loop per leaf, following the registry, until dropped.
     pub async fn run(self: Arc<Self>) {
         let mut leaves = self.registry.subscribe();
-        let mut loops: HashMap<String, (Arc<Leaf>, JoinHandle<()>)> = HashMap::new();
+        let mut loops = Loops::default();
         let mut gc = tokio::time::interval(Duration::from_secs(30));
         loop {
             let current = leaves.borrow_and_update().clone();
             let gone: Vec<String> = loops
+                .0
                 .iter()
                 .filter(|(node, (leaf, _))| {
                     current.get(*node).is_none_or(|l| !Arc::ptr_eq(l, leaf))
@@ -77,7 +78,7 @@ impl Controller {
                 .map(|(node, _)| node.clone())
                 .collect();
             for node in gone {
-                if let Some((_, task)) = loops.remove(&node) {
+                if let Some((_, task)) = loops.0.remove(&node) {
                     task.abort();
                 }
                 if !current.contains_key(&node) && self.leadership.is_leader() {
@@ -85,7 +86,7 @@ impl Controller {
                 }
             }
             for (node, leaf) in current {
-                loops.entry(node).or_insert_with(|| {
+                loops.0.entry(node).or_insert_with(|| {
                     let span = tracing::info_span!("virtual_node", leaf = %leaf.name, node = %leaf.node_name);
                     let task = tokio::spawn(self.clone().run_leaf(leaf.clone()).instrument(span));
                     (leaf, task)
@@ -95,9 +96,6 @@ impl Controller {
                 changed = leaves.changed() => if changed.is_err() { break },
                 _ = gc.tick() => self.collect_orphans().await,
             }
-        }
-        for (_, (_, task)) in loops {
-            task.abort();
         }
     }
 
@@ -430,6 +428,21 @@ fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(MANAGER.to_string()),
         ..Default::default()
+    }
+}
+
+/// The running per-leaf loops. They are aborted when this is dropped: relaylet stops the
+/// controller by dropping its future at shutdown, and a dropped `JoinHandle` alone would leave
+/// every loop running (still probing leaves and, without leader election, still writing Nodes
+/// and Leases after relaylet said it stopped).
+#[derive(Default)]
+struct Loops(HashMap<String, (Arc<Leaf>, JoinHandle<()>)>);
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for (_, (_, task)) in self.0.drain() {
+            task.abort();
+        }
     }
 }
 
