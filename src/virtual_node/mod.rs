@@ -157,15 +157,20 @@ impl Controller {
         };
         let mut tick = tokio::time::interval(RECOMPUTE);
         loop {
-            tick.tick().await;
-            if state.probed_at.is_none_or(|t| t.elapsed() >= PROBE_EVERY) {
+            // Renewal is judged on the tick schedule, not on when the last write finished:
+            // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
+            let now = tick.tick().await;
+            if state
+                .probed_at
+                .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
+            {
                 state.health = leaf_watch::probe(&leaf.client, &watch).await;
                 if state.version.is_none() || matches!(state.health, Health::Ready { .. }) {
                     state.version = leaf_watch::version(&leaf.client)
                         .await
                         .or(state.version.take());
                 }
-                state.probed_at = Some(Instant::now());
+                state.probed_at = Some(now);
             }
             if !self.leadership.is_leader() {
                 // A future leader term starts from a fresh read of the Node.
@@ -173,7 +178,7 @@ impl Controller {
                 state.node_uid = None;
                 continue;
             }
-            if let Err(err) = self.sync_leaf(&leaf, &watch, &mut state).await {
+            if let Err(err) = self.sync_leaf(&leaf, &watch, &mut state, now).await {
                 tracing::warn!(leaf = %leaf.name, node = %leaf.node_name, %err, "updating virtual node");
                 state.node_uid = None;
             }
@@ -185,6 +190,7 @@ impl Controller {
         leaf: &Leaf,
         watch: &LeafWatch,
         state: &mut LeafLoop,
+        tick: Instant,
     ) -> Result<(), kube::Error> {
         let nodes: Api<Node> = Api::all(self.root.clone());
         let leaf_nodes = watch.node_list();
@@ -253,14 +259,14 @@ impl Controller {
         }
         if state
             .lease_renewed
-            .is_none_or(|t| t.elapsed() >= LEASE_RENEW)
+            .is_none_or(|t| tick.duration_since(t) >= LEASE_RENEW)
         {
             if !self.leadership.is_leader() {
                 return Ok(());
             }
             self.renew_lease(&leaf.node_name, state.node_uid.as_deref())
                 .await?;
-            state.lease_renewed = Some(Instant::now());
+            state.lease_renewed = Some(tick);
         }
         Ok(())
     }
