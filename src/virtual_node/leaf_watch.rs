@@ -33,8 +33,13 @@ impl LeafWatch {
         }
     }
 
+    /// The leaf's nodes by name. The reflector's store is a hash map: without a fixed order the
+    /// Node's address list (and node info, taken from the first node) could change order between
+    /// rounds or replicas and be rewritten for nothing.
     pub fn node_list(&self) -> Vec<Node> {
-        self.nodes.state().iter().map(|n| (**n).clone()).collect()
+        let mut nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
+        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        nodes
     }
 
     pub fn pod_list(&self) -> Vec<Pod> {
