@@ -156,10 +156,17 @@ impl Controller {
             node_uid: None,
         };
         let mut tick = tokio::time::interval(RECOMPUTE);
+        let mut leadership = self.leadership.clone();
         loop {
             // Renewal is judged on the tick schedule, not on when the last write finished:
             // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
-            let now = tick.tick().await;
+            // A replica that just became leader writes at once, not at the next tick: the
+            // takeover after a crash is already the leader Lease's 10 s plus a retry, and the
+            // node Lease and address must move well before the root gives up on the Node.
+            let now = tokio::select! {
+                now = tick.tick() => now,
+                _ = leadership.changed() => Instant::now(),
+            };
             if state
                 .probed_at
                 .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
