@@ -532,9 +532,9 @@ async fn leaf_outage_makes_the_node_not_ready_until_it_returns_and_shutdown_stop
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_leader_is_replaced_without_the_node_going_not_ready() {
-    tokio::time::timeout(Duration::from_secs(90), async {
+    tokio::time::timeout(Duration::from_secs(100), async {
         let root = root_cluster(None).await;
-        let leaf = leaf_with_node().await;
+        let leaf = leaf_with_pod(&root).await;
         let port = free_port();
         let a = Replica::start(&root, "relaylet-a", "127.0.0.1", port, &[]).await;
         wait_for("a leads", Duration::from_secs(5), || {
@@ -566,6 +566,11 @@ async fn a_crashed_leader_is_replaced_without_the_node_going_not_ready() {
         assert_eq!(
             first_address(&node).map(|a| a.1).as_deref(),
             Some("127.0.0.1")
+        );
+        // The root apiserver dials a (b listens on the same port, but on 127.0.0.2).
+        assert_eq!(
+            exec_through_the_root(&root, "a", Duration::from_secs(10)).await,
+            "via-a\n"
         );
 
         // Watch Ready and the node Lease's age through the handover.
@@ -616,17 +621,39 @@ async fn a_crashed_leader_is_replaced_without_the_node_going_not_ready() {
                 .any(|a| a.address == "127.0.0.1" && a.type_ == "InternalDNS"),
             "the dead leader's address stayed: {addresses:?}"
         );
+        // The root now dials b: a's listener died with it.
+        assert_eq!(
+            exec_through_the_root(&root, "b", Duration::from_secs(5)).await,
+            "via-b\n"
+        );
+
+        // A graceful stop releases leadership at once, so a successor need not wait for the
+        // leader Lease to expire.
+        let c = Replica::start(&root, "relaylet-c", "127.0.0.3", port, &[]).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(b.is_leader() && !c.is_leader());
+        b.shutdown.begin.cancel();
+        let (_, handover) = wait_for("c rewrites the address", Duration::from_secs(8), || {
+            node_of(&store).filter(|n| first_address(n).is_some_and(|(_, ip)| ip == "127.0.0.3"))
+        })
+        .await;
+        eprintln!("c took over the Node address {handover:?} after b stopped gracefully");
+        let node = node_of(&store).expect("node");
+        assert!(is_ready(&node));
+        assert_eq!(
+            exec_through_the_root(&root, "c", Duration::from_secs(5)).await,
+            "via-c\n"
+        );
         drop(b);
+        drop(c);
     })
     .await
     .expect("test timed out");
 }
 
-/// Starts root (with `order`), a leaf with a real kubelet and a pod, and relaylet on 127.0.0.2
-/// (the leaf node is on 127.0.0.1, so only relaylet's own address reaches a listener on the
-/// port the Node names); execs through the root apiserver.
-async fn exec_through_the_root(order: Option<&[&str]>) {
-    let root = root_cluster(order).await;
+/// A leaf whose node `a` has a real kubelet stand-in running pod `default/work`, which the
+/// root shows on the leaf's virtual node (as a multi-cluster scheduler would).
+async fn leaf_with_pod(root: &Cluster) -> Cluster {
     let leaf = Cluster::start(ClusterOptions::new(LEAF))
         .await
         .expect("leaf starts");
@@ -643,6 +670,59 @@ async fn exec_through_the_root(order: Option<&[&str]>) {
     };
     leaf.add_pod("a", &pod).await.expect("leaf pod");
     root.add_pod(NODE, &pod).await.expect("root pod");
+    leaf
+}
+
+/// Runs `echo via-<word>` in `default/work` with kube-rs through the root apiserver, which
+/// picks the Node address and dials it; retries for up to `within` (the pod index or a new
+/// leader may need a moment). Returns stdout.
+async fn exec_through_the_root(root: &Cluster, word: &str, within: Duration) -> String {
+    let client = kube_client(&root.admin_kubeconfig().expect("admin kubeconfig"))
+        .await
+        .expect("root client");
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let deadline = Instant::now() + within;
+    loop {
+        let attempt = async {
+            let mut process = pods
+                .exec(
+                    "work",
+                    vec!["sh", "-c", "echo via-$0", word],
+                    &AttachParams::default().stdout(true).stderr(false),
+                )
+                .await?;
+            let mut stdout = process
+                .stdout()
+                .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+            let status = process
+                .take_status()
+                .ok_or_else(|| anyhow::anyhow!("no status"))?;
+            let mut out = String::new();
+            stdout.read_to_string(&mut out).await?;
+            let status = status.await.and_then(|s| s.status);
+            process.join().await?;
+            anyhow::ensure!(
+                status.as_deref() == Some("Success"),
+                "exec ended with {status:?}"
+            );
+            anyhow::Ok(out)
+        };
+        match attempt.await {
+            Ok(out) => return out,
+            Err(err) => {
+                assert!(Instant::now() < deadline, "exec through the root: {err:#}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Starts root (with `order`), a leaf with a real kubelet and a pod, and relaylet on 127.0.0.2
+/// (the leaf node is on 127.0.0.1, so only relaylet's own address reaches a listener on the
+/// port the Node names); execs through the root apiserver.
+async fn exec_with_order(order: Option<&[&str]>) {
+    let root = root_cluster(order).await;
+    let leaf = leaf_with_pod(&root).await;
     let replica = Replica::start(&root, "relaylet-0", "127.0.0.2", free_port(), &[]).await;
     let store = root.api.store().clone();
     store.create_typed(&leaf_secret(&leaf)).expect("secret");
@@ -661,44 +741,8 @@ async fn exec_through_the_root(order: Option<&[&str]>) {
     );
     let labels = node.metadata.labels.clone().unwrap_or_default();
     assert!(!labels.contains_key("kubernetes.io/hostname"), "{labels:?}");
-
-    let client = kube_client(&root.admin_kubeconfig().expect("admin kubeconfig"))
-        .await
-        .expect("root client");
-    let pods: Api<Pod> = Api::namespaced(client, "default");
-    // The pod index may need a moment to see the root pod.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let out = loop {
-        let attempt = async {
-            let mut process = pods
-                .exec(
-                    "work",
-                    vec!["sh", "-c", "echo via-$0", "relaylet"],
-                    &AttachParams::default().stdout(true).stderr(false),
-                )
-                .await?;
-            let mut stdout = process
-                .stdout()
-                .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-            let status = process
-                .take_status()
-                .ok_or_else(|| anyhow::anyhow!("no status"))?;
-            let mut out = String::new();
-            stdout.read_to_string(&mut out).await?;
-            let status = status.await;
-            process.join().await?;
-            anyhow::Ok((out, status))
-        };
-        match attempt.await {
-            Ok(result) => break result,
-            Err(err) => {
-                assert!(Instant::now() < deadline, "exec through the root: {err}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    };
-    assert_eq!(out.0, "via-relaylet\n");
-    assert_eq!(out.1.and_then(|s| s.status).as_deref(), Some("Success"));
+    let out = exec_through_the_root(&root, "relaylet", Duration::from_secs(10)).await;
+    assert_eq!(out, "via-relaylet\n");
     drop(replica);
 }
 
@@ -706,7 +750,7 @@ async fn exec_through_the_root(order: Option<&[&str]>) {
 async fn root_with_internal_dns_first_dials_relaylet() {
     tokio::time::timeout(
         Duration::from_secs(60),
-        exec_through_the_root(Some(&[
+        exec_with_order(Some(&[
             "InternalDNS",
             "InternalIP",
             "Hostname",
@@ -724,7 +768,7 @@ async fn root_with_the_default_hostname_first_order_still_dials_relaylet() {
         relaylet_sim::kubelet_proxy::DEFAULT_PREFERRED_ADDRESS_TYPES.first(),
         Some(&"Hostname")
     );
-    tokio::time::timeout(Duration::from_secs(60), exec_through_the_root(None))
+    tokio::time::timeout(Duration::from_secs(60), exec_with_order(None))
         .await
         .expect("test timed out");
 }
