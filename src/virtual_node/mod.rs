@@ -162,10 +162,14 @@ impl Controller {
             // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
             // A replica that just became leader writes at once, not at the next tick: the
             // takeover after a crash is already the leader Lease's 10 s plus a retry, and the
-            // node Lease and address must move well before the root gives up on the Node.
+            // node Lease and address must move well before the root gives up on the Node. The
+            // schedule restarts from now, so renewals stay exactly LEASE_RENEW apart.
             let now = tokio::select! {
                 now = tick.tick() => now,
-                _ = leadership.changed() => Instant::now(),
+                _ = leadership.changed() => {
+                    tick.reset_immediately();
+                    continue;
+                }
             };
             if state
                 .probed_at
