@@ -104,6 +104,21 @@ fn writes_since(store: &Store, since: u64, resource: &str, name: &str) -> usize 
         .count()
 }
 
+/// The Ready conditions other than True written to the Node since revision `since`.
+fn not_ready_writes_since(store: &Store, since: u64) -> Vec<String> {
+    let (events, _) = store
+        .events_since(since)
+        .unwrap_or_else(|e| panic!("history since {since}: {e:?}"));
+    events
+        .iter()
+        .filter(|e| e.key.resource == "nodes" && e.key.name == NODE)
+        .filter_map(|e| serde_json::from_value::<Node>((*e.object).clone()).ok())
+        .filter_map(|n| ready(&n))
+        .filter(|(status, _)| status != "True")
+        .map(|(status, reason)| format!("{status}/{reason}"))
+        .collect()
+}
+
 /// A Ready leaf node as a kubelet would have registered it.
 fn leaf_node(name: &str, ip: &str, cpu: &str, memory: &str) -> Node {
     serde_json::from_value(json!({
@@ -281,7 +296,7 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         let root = root_cluster(None).await;
         let leaf = leaf_with_node().await;
         let port = free_port();
-        let replica = Replica::start(&root, "relaylet-0", "127.0.0.1", port, &[]).await;
+        let mut replica = Replica::start(&root, "relaylet-0", "127.0.0.1", port, &[]).await;
         wait_for("leadership", Duration::from_secs(5), || {
             replica.is_leader().then_some(())
         })
@@ -289,6 +304,7 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         let store = root.api.store().clone();
 
         // Registering the leaf: the Node appears within 2 s of the Secret.
+        let before_secret = store.revision();
         store.create_typed(&leaf_secret(&leaf)).expect("secret");
         let (_, appeared) =
             wait_for("node appears", Duration::from_secs(2), || node_of(&store)).await;
@@ -298,6 +314,12 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         .await;
         eprintln!("node appeared {appeared:?} after the Secret, Ready {ready_after:?} later");
         assert_eq!(ready(&node).map(|r| r.1).as_deref(), Some("LeafReady"));
+        // The very first status already says Ready: a healthy leaf is not shown NotReady
+        // while relaylet's leaf watches are still listing.
+        assert_eq!(
+            not_ready_writes_since(&store, before_secret),
+            Vec::<String>::new()
+        );
 
         // What the root apiserver reads to dial relaylet.
         let status = node.status.clone().expect("status");
@@ -424,6 +446,23 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
                 "lease renewal gap {gap}s: {seen:?}"
             );
         }
+
+        // relaylet restarts (a crash, then the pod comes back): the Ready Node is not flipped
+        // to NotReady by the new process's first round, and the new process takes over.
+        replica.crash();
+        let restarted = store.revision();
+        let renewed_before = lease_of(&store).as_ref().and_then(renew_time);
+        replica = Replica::start(&root, "relaylet-0", "127.0.0.1", port, &[]).await;
+        wait_for(
+            "the restarted relaylet renews the lease",
+            Duration::from_secs(10),
+            || (lease_of(&store).as_ref().and_then(renew_time) > renewed_before).then_some(()),
+        )
+        .await;
+        assert_eq!(
+            not_ready_writes_since(&store, restarted),
+            Vec::<String>::new()
+        );
 
         // Deleting the Secret removes the Node and its Lease.
         store
