@@ -47,9 +47,13 @@ impl Leadership {
         *self.is_leader.borrow()
     }
 
-    /// Resolves when leadership changes.
+    /// Resolves when leadership changes, with the new value. Never resolves once the election
+    /// has ended (its value is final then), so callers can select on it in a loop without
+    /// spinning.
     pub async fn changed(&mut self) -> bool {
-        let _ = self.is_leader.changed().await;
+        if self.is_leader.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
         self.is_leader()
     }
 }

@@ -485,6 +485,173 @@ mod tests {
         );
     }
 
+    fn pairs_of(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(t, a)| (t.to_string(), a.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn dual_stack_leaves_order_by_the_family_of_relaylets_own_ip() {
+        let nodes = [
+            leaf_node(
+                "a",
+                json!([
+                    {"type": "InternalIP", "address": "10.0.0.1"},
+                    {"type": "InternalIP", "address": "fd00::1"},
+                    {"type": "ExternalIP", "address": "2001:db8::1"},
+                    {"type": "ExternalIP", "address": "203.0.113.1"}
+                ]),
+                json!({}),
+                true,
+            ),
+            leaf_node(
+                "b",
+                json!([
+                    {"type": "InternalIP", "address": "fd00::2"},
+                    {"type": "InternalIP", "address": "10.0.0.2"},
+                    {"type": "ExternalIP", "address": "203.0.113.1"}
+                ]),
+                json!({}),
+                true,
+            ),
+        ];
+        // IPv4 pod IP: IPv4 InternalIPs of all nodes, then IPv6 ones, then the rest in leaf
+        // order; the ExternalIP both nodes report appears once.
+        let v4 = addresses("InternalDNS", "10.9.9.9".parse().unwrap(), &nodes);
+        assert_eq!(
+            pairs(&v4),
+            pairs_of(&[
+                ("InternalDNS", "10.9.9.9"),
+                ("InternalIP", "10.0.0.1"),
+                ("InternalIP", "10.0.0.2"),
+                ("InternalIP", "fd00::1"),
+                ("InternalIP", "fd00::2"),
+                ("ExternalIP", "2001:db8::1"),
+                ("ExternalIP", "203.0.113.1"),
+            ])
+        );
+        // IPv6 pod IP in a dual-stack root: the IPv6 ones first.
+        let v6 = addresses("InternalDNS", "fd00::99".parse().unwrap(), &nodes);
+        assert_eq!(
+            pairs(&v6),
+            pairs_of(&[
+                ("InternalDNS", "fd00::99"),
+                ("InternalIP", "fd00::1"),
+                ("InternalIP", "fd00::2"),
+                ("InternalIP", "10.0.0.1"),
+                ("InternalIP", "10.0.0.2"),
+                ("ExternalIP", "2001:db8::1"),
+                ("ExternalIP", "203.0.113.1"),
+            ])
+        );
+        // The same address under another type is a different pair and is kept; under the
+        // same type it is not repeated.
+        let own_too = addresses("InternalIP", "fd00::2".parse().unwrap(), &nodes);
+        assert_eq!(own_too[0].address, "fd00::2");
+        assert_eq!(
+            own_too
+                .iter()
+                .filter(|a| a.address == "fd00::2" && a.type_ == "InternalIP")
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn leaves_missing_address_types_still_yield_relaylets_address_first() {
+        // No InternalIP at all: only names and external addresses.
+        let nodes = [
+            leaf_node(
+                "a",
+                json!([
+                    {"type": "Hostname", "address": "leaf-a"},
+                    {"type": "ExternalDNS", "address": "a.example.com"},
+                    {"type": "ExternalIP", "address": "203.0.113.7"}
+                ]),
+                json!({}),
+                true,
+            ),
+            // Status without addresses, and no status at all.
+            node(json!({"metadata": {"name": "b"}, "status": {}})),
+            node(json!({"metadata": {"name": "c"}})),
+        ];
+        let got = addresses("InternalDNS", "10.1.1.1".parse().unwrap(), &nodes);
+        assert_eq!(
+            pairs(&got),
+            pairs_of(&[
+                ("InternalDNS", "10.1.1.1"),
+                ("ExternalDNS", "a.example.com"),
+                ("ExternalIP", "203.0.113.7"),
+            ])
+        );
+        // With the last type preferred, every other known type would win: only relaylet's
+        // own address and leaf ExternalIPs remain.
+        let got = addresses("ExternalIP", "10.1.1.1".parse().unwrap(), &nodes);
+        assert_eq!(
+            pairs(&got),
+            pairs_of(&[("ExternalIP", "10.1.1.1"), ("ExternalIP", "203.0.113.7")])
+        );
+        // No leaf nodes at all.
+        let got = addresses("InternalDNS", "fd00::5".parse().unwrap(), &[]);
+        assert_eq!(pairs(&got), pairs_of(&[("InternalDNS", "fd00::5")]));
+    }
+
+    #[test]
+    fn capacity_handles_missing_partial_and_malformed_resources() {
+        let mut cordoned = leaf_node("cordoned", json!([]), json!({"cpu": "32"}), true);
+        cordoned.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
+        let nodes = [
+            leaf_node(
+                "gpu",
+                json!([]),
+                json!({"cpu": "8", "nvidia.com/gpu": "2", "pods": "1", "memory": "lots"}),
+                true,
+            ),
+            leaf_node("plain", json!([]), json!({"cpu": "500m"}), true),
+            node(json!({"metadata": {"name": "bare"}, "status": {
+                "conditions": [{"type": "Ready", "status": "True"}]}})),
+            cordoned,
+        ];
+        let pod = |name: &str, node: Option<&str>, requests: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": name},
+                "spec": {"nodeName": node, "containers": [
+                    {"name": "c", "resources": {"requests": requests}}
+                ]},
+                "status": {"phase": "Running"}
+            }))
+            .unwrap()
+        };
+        let pods = [
+            // Requests a resource the leaf does not offer, and more pods than fit.
+            pod(
+                "a",
+                Some("gpu"),
+                json!({"cpu": "1", "example.com/fpga": "1"}),
+            ),
+            pod("b", Some("gpu"), json!({"nvidia.com/gpu": "1"})),
+            // Not bound yet, on an unknown node, on a cordoned node: not counted.
+            pod("pending", None, json!({"cpu": "4"})),
+            pod("elsewhere", Some("gone"), json!({"cpu": "4"})),
+            pod("cordoned", Some("cordoned"), json!({"cpu": "4"})),
+            // An unparsable request is ignored, not a panic.
+            pod("odd", Some("plain"), json!({"cpu": "a lot"})),
+        ];
+        let cap = capacity(&nodes, &pods, &HashSet::new());
+        assert_eq!(cap["cpu"].0, "7500m");
+        assert_eq!(cap["nvidia.com/gpu"].0, "1");
+        // Three pods on a leaf with room for one: never below zero.
+        assert_eq!(cap["pods"].0, "0");
+        assert!(!cap.contains_key("memory"), "{cap:?}");
+        assert!(!cap.contains_key("example.com/fpga"), "{cap:?}");
+        // Nothing Ready: nothing offered.
+        assert!(capacity(&[], &pods, &HashSet::new()).is_empty());
+    }
+
     #[test]
     fn capacity_sums_ready_nodes_and_subtracts_leaf_local_pods() {
         let nodes = [

@@ -33,8 +33,13 @@ impl LeafWatch {
         }
     }
 
+    /// The leaf's nodes by name. The reflector's store is a hash map: without a fixed order the
+    /// Node's address list (and node info, taken from the first node) could change order between
+    /// rounds or replicas and be rewritten for nothing.
     pub fn node_list(&self) -> Vec<Node> {
-        self.nodes.state().iter().map(|n| (**n).clone()).collect()
+        let mut nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
+        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        nodes
     }
 
     pub fn pod_list(&self) -> Vec<Pod> {
@@ -87,6 +92,22 @@ pub async fn probe(client: &Client, watch: &LeafWatch) -> Health {
         }
         Ok(Err(err)) => return Health::Unreachable(format!("/readyz: {err}")),
         Ok(Ok(_)) => {}
+    }
+    // Until the watches have listed once, the stores are empty: counting now would report a
+    // healthy leaf as having no Ready node (and flip an existing Ready Node to NotReady on every
+    // relaylet start or new leaf), and its capacity as zero.
+    let listed = async {
+        watch.nodes.wait_until_ready().await?;
+        watch.pods.wait_until_ready().await
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, listed).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => return Health::Unreachable(format!("leaf watch stopped: {err}")),
+        Err(_) => {
+            return Health::Unreachable(format!(
+                "leaf nodes and pods were not listed within {PROBE_TIMEOUT:?}"
+            ));
+        }
     }
     let ready_nodes = watch
         .nodes

@@ -65,11 +65,12 @@ impl Controller {
     /// Runs one loop per leaf, following the registry, until dropped.
     pub async fn run(self: Arc<Self>) {
         let mut leaves = self.registry.subscribe();
-        let mut loops: HashMap<String, (Arc<Leaf>, JoinHandle<()>)> = HashMap::new();
+        let mut loops = Loops::default();
         let mut gc = tokio::time::interval(Duration::from_secs(30));
         loop {
             let current = leaves.borrow_and_update().clone();
             let gone: Vec<String> = loops
+                .0
                 .iter()
                 .filter(|(node, (leaf, _))| {
                     current.get(*node).is_none_or(|l| !Arc::ptr_eq(l, leaf))
@@ -77,7 +78,7 @@ impl Controller {
                 .map(|(node, _)| node.clone())
                 .collect();
             for node in gone {
-                if let Some((_, task)) = loops.remove(&node) {
+                if let Some((_, task)) = loops.0.remove(&node) {
                     task.abort();
                 }
                 if !current.contains_key(&node) && self.leadership.is_leader() {
@@ -85,7 +86,7 @@ impl Controller {
                 }
             }
             for (node, leaf) in current {
-                loops.entry(node).or_insert_with(|| {
+                loops.0.entry(node).or_insert_with(|| {
                     let span = tracing::info_span!("virtual_node", leaf = %leaf.name, node = %leaf.node_name);
                     let task = tokio::spawn(self.clone().run_leaf(leaf.clone()).instrument(span));
                     (leaf, task)
@@ -95,9 +96,6 @@ impl Controller {
                 changed = leaves.changed() => if changed.is_err() { break },
                 _ = gc.tick() => self.collect_orphans().await,
             }
-        }
-        for (_, (_, task)) in loops {
-            task.abort();
         }
     }
 
@@ -158,16 +156,32 @@ impl Controller {
             node_uid: None,
         };
         let mut tick = tokio::time::interval(RECOMPUTE);
+        let mut leadership = self.leadership.clone();
         loop {
-            tick.tick().await;
-            if state.probed_at.is_none_or(|t| t.elapsed() >= PROBE_EVERY) {
+            // Renewal is judged on the tick schedule, not on when the last write finished:
+            // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
+            // A replica that just became leader writes at once, not at the next tick: the
+            // takeover after a crash is already the leader Lease's 10 s plus a retry, and the
+            // node Lease and address must move well before the root gives up on the Node. The
+            // schedule restarts from now, so renewals stay exactly LEASE_RENEW apart.
+            let now = tokio::select! {
+                now = tick.tick() => now,
+                _ = leadership.changed() => {
+                    tick.reset_immediately();
+                    continue;
+                }
+            };
+            if state
+                .probed_at
+                .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
+            {
                 state.health = leaf_watch::probe(&leaf.client, &watch).await;
                 if state.version.is_none() || matches!(state.health, Health::Ready { .. }) {
                     state.version = leaf_watch::version(&leaf.client)
                         .await
                         .or(state.version.take());
                 }
-                state.probed_at = Some(Instant::now());
+                state.probed_at = Some(now);
             }
             if !self.leadership.is_leader() {
                 // A future leader term starts from a fresh read of the Node.
@@ -175,7 +189,7 @@ impl Controller {
                 state.node_uid = None;
                 continue;
             }
-            if let Err(err) = self.sync_leaf(&leaf, &watch, &mut state).await {
+            if let Err(err) = self.sync_leaf(&leaf, &watch, &mut state, now).await {
                 tracing::warn!(leaf = %leaf.name, node = %leaf.node_name, %err, "updating virtual node");
                 state.node_uid = None;
             }
@@ -187,6 +201,7 @@ impl Controller {
         leaf: &Leaf,
         watch: &LeafWatch,
         state: &mut LeafLoop,
+        tick: Instant,
     ) -> Result<(), kube::Error> {
         let nodes: Api<Node> = Api::all(self.root.clone());
         let leaf_nodes = watch.node_list();
@@ -255,14 +270,14 @@ impl Controller {
         }
         if state
             .lease_renewed
-            .is_none_or(|t| t.elapsed() >= LEASE_RENEW)
+            .is_none_or(|t| tick.duration_since(t) >= LEASE_RENEW)
         {
             if !self.leadership.is_leader() {
                 return Ok(());
             }
             self.renew_lease(&leaf.node_name, state.node_uid.as_deref())
                 .await?;
-            state.lease_renewed = Some(Instant::now());
+            state.lease_renewed = Some(tick);
         }
         Ok(())
     }
@@ -430,6 +445,21 @@ fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(MANAGER.to_string()),
         ..Default::default()
+    }
+}
+
+/// The running per-leaf loops. They are aborted when this is dropped: relaylet stops the
+/// controller by dropping its future at shutdown, and a dropped `JoinHandle` alone would leave
+/// every loop running (still probing leaves and, without leader election, still writing Nodes
+/// and Leases after relaylet said it stopped).
+#[derive(Default)]
+struct Loops(HashMap<String, (Arc<Leaf>, JoinHandle<()>)>);
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for (_, (_, task)) in self.0.drain() {
+            task.abort();
+        }
     }
 }
 
