@@ -292,17 +292,7 @@ impl Controller {
         if let Some(node) = nodes.get_opt(&leaf.node_name).await? {
             return Ok(node);
         }
-        let mut labels = desired::labels(
-            &leaf.node_name,
-            &leaf.name,
-            &self.config.preferred_address_type,
-            info,
-            &leaf.node_labels,
-        );
-        labels.insert(
-            MANAGED_BY_LABEL.0.to_string(),
-            MANAGED_BY_LABEL.1.to_string(),
-        );
+        let labels = self.labels_for(leaf, info);
         let node = Node {
             metadata: ObjectMeta {
                 name: Some(leaf.node_name.clone()),
@@ -324,6 +314,26 @@ impl Controller {
         }
     }
 
+    /// The labels relaylet keeps on a leaf's Node, including the one that marks it as ours.
+    fn labels_for(
+        &self,
+        leaf: &Leaf,
+        info: &k8s_openapi::api::core::v1::NodeSystemInfo,
+    ) -> BTreeMap<String, String> {
+        let mut labels = desired::labels(
+            &leaf.node_name,
+            &leaf.name,
+            &self.config.preferred_address_type,
+            info,
+            &leaf.node_labels,
+        );
+        labels.insert(
+            MANAGED_BY_LABEL.0.to_string(),
+            MANAGED_BY_LABEL.1.to_string(),
+        );
+        labels
+    }
+
     fn taints_for(&self, leaf: &Leaf) -> Vec<Taint> {
         leaf.node_taints
             .clone()
@@ -338,17 +348,7 @@ impl Controller {
         node: &Node,
         info: &k8s_openapi::api::core::v1::NodeSystemInfo,
     ) -> Result<(), kube::Error> {
-        let mut labels = desired::labels(
-            &leaf.node_name,
-            &leaf.name,
-            &self.config.preferred_address_type,
-            info,
-            &leaf.node_labels,
-        );
-        labels.insert(
-            MANAGED_BY_LABEL.0.to_string(),
-            MANAGED_BY_LABEL.1.to_string(),
-        );
+        let labels = self.labels_for(leaf, info);
         let current_labels = node.metadata.labels.clone().unwrap_or_default();
         let labels_ok = labels.iter().all(|(k, v)| current_labels.get(k) == Some(v));
 
