@@ -385,7 +385,7 @@ fn root_rules() -> Vec<Rule> {
             .resources(&["secrets"])
             .namespaces(&[RELAYLET_NAMESPACE]),
         Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["get"])
+            .verbs(&["get", "list", "watch"])
             .api_groups(&[""])
             .resources(&["configmaps"])
             .names(&["extension-apiserver-authentication"])

@@ -595,7 +595,7 @@ fn expected_permissions(
             "",
             "configmaps",
             "extension-apiserver-authentication",
-            &["get"],
+            &["get", "list", "watch"],
         ));
     }
     g.into_iter().collect()

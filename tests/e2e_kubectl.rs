@@ -307,7 +307,21 @@ fn port_forward_carries_http_to_the_pod() {
     }
 }
 
+/// One HTTP GET through the forwarded port. kubectl prints "Forwarding from" as soon as it
+/// listens; its first stream to the pod may still be setting up, so a failed first exchange is
+/// retried for a few seconds. The content must then be exact.
 fn http_get(port: u16) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match http_get_once(port) {
+            Some(body) => return Some(body),
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            None => return None,
+        }
+    }
+}
+
+fn http_get_once(port: u16) -> Option<String> {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;

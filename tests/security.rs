@@ -48,6 +48,16 @@ async fn connect(e: &Env, identity: Option<&Identity>) -> std::io::Result<TlsStr
 
 /// Sends a raw HTTP/1.1 request and reads the whole answer (the server closes or the body ends).
 async fn request(tls: &mut TlsStream<TcpStream>, head: &str) -> (u16, String) {
+    let (code, text, _) = request_keeping_rest(tls, head).await;
+    (code, text)
+}
+
+/// Like [`request`]; after a 101 also returns the bytes that arrived behind the response head
+/// (the first frames of the upgraded protocol may come in the same read).
+async fn request_keeping_rest(
+    tls: &mut TlsStream<TcpStream>,
+    head: &str,
+) -> (u16, String, Vec<u8>) {
     tls.write_all(head.as_bytes()).await.unwrap();
     tls.flush().await.unwrap();
     let mut buf = Vec::new();
@@ -73,13 +83,16 @@ async fn request(tls: &mut TlsStream<TcpStream>, head: &str) -> (u16, String) {
             }
         }
     }
+    let rest = find(&buf, b"\r\n\r\n")
+        .map(|end| buf[end + 4..].to_vec())
+        .unwrap_or_default();
     let text = String::from_utf8_lossy(&buf).into_owned();
     let code = text
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    (code, text)
+    (code, text, rest)
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -197,15 +210,16 @@ fn an_allowed_token_execs_over_websocket() {
     let e = env(settings);
     RT.block_on(async {
         let mut tls = connect(e, None).await.unwrap();
-        let (code, head) = request(&mut tls, &ws_exec("operator-token")).await;
+        let (code, head, rest) = request_keeping_rest(&mut tls, &ws_exec("operator-token")).await;
         assert_eq!(code, 101, "{head}");
         assert!(
             head.to_lowercase()
                 .contains("sec-websocket-protocol: v4.channel.k8s.io"),
             "{head}"
         );
-        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        let mut ws = tokio_tungstenite::WebSocketStream::from_partially_read(
             tls,
+            rest,
             tokio_tungstenite::tungstenite::protocol::Role::Client,
             None,
         )

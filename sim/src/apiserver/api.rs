@@ -161,7 +161,7 @@ async fn resource(
         resource: target.kind.resource.to_string(),
         subresource: target.subresource.clone(),
         namespace: target.namespace.clone(),
-        name: target.name.clone(),
+        name: authorized_name(&target, verb, &query),
     };
     app.policy.authorize(&attributes)?;
 
@@ -255,4 +255,25 @@ async fn resource(
         "deletecollection" => write::delete_collection(&store, &target, &query),
         _ => Err(Failure::method_not_allowed(verb, kind)),
     }
+}
+
+/// The name a request is authorized against. Like upstream's RequestInfo, a list or watch with a
+/// `metadata.name=<name>` field selector counts as a request for that one object, so a rule
+/// limited by `resourceNames` can allow watching it.
+fn authorized_name(target: &ResourcePath, verb: &str, query: &Query) -> String {
+    if !target.name.is_empty() || !matches!(verb, "list" | "watch") {
+        return target.name.clone();
+    }
+    query
+        .get("fieldSelector")
+        .into_iter()
+        .flat_map(|selector| selector.split(','))
+        .find_map(|term| {
+            let term = term.trim();
+            term.strip_prefix("metadata.name==")
+                .or_else(|| term.strip_prefix("metadata.name="))
+                .filter(|name| !name.starts_with('='))
+        })
+        .unwrap_or("")
+        .to_string()
 }
