@@ -174,6 +174,8 @@ impl Sandbox {
             ),
             ("POD_NAME".into(), "relaylet-0".into()),
             ("POD_NAMESPACE".into(), RELAYLET_NAMESPACE.into()),
+            // A free loopback port: several sandboxes (tests) may run at once.
+            ("METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()?)),
         ]);
         env.extend(settings.env.clone());
         let config = Config::from_lookup(|name| env.get(name).cloned())?;
@@ -273,6 +275,15 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             names.join(", ")
         }
     );
+    println!(
+        "  relaylet metrics: http://{}/metrics (health: /livez /readyz)",
+        sandbox.relaylet.metrics_addr
+    );
+    for (node, addr) in sandbox.relaylet.node_ports.all() {
+        println!(
+            "  virtual node {node}: own kubelet port {addr} (/metrics/resource, /stats/summary, /pods)"
+        );
+    }
     println!("  export KUBECONFIG={}", path.display());
     println!(
         "  kubectl get nodes -o wide; kubectl exec -it demo-1 -- sh; kubectl logs -f demo-2; kubectl port-forward demo-1 8080:8080"
@@ -406,6 +417,11 @@ fn leaf_policy() -> Policy {
             .verbs(&["get"])
             .api_groups(&[""])
             .resources(&["pods/log"]),
+        // Pod usage for the virtual nodes' /metrics/resource and /stats/summary.
+        Rule::user(RELAYLET_LEAF_USER)
+            .verbs(&["get", "list"])
+            .api_groups(&["metrics.k8s.io"])
+            .resources(&["pods"]),
         Rule::user(RELAYLET_LEAF_USER)
             .verbs(&["get"])
             .non_resource_urls(&["/readyz", "/version", "/api", "/api/*", "/apis", "/apis/*"]),
