@@ -70,6 +70,8 @@ pub struct Settings {
     pub env: BTreeMap<String, String>,
     /// Extra pods to create in each leaf (and mirror in the root), besides the demo pods.
     pub pods: Vec<(String, SimPod)>,
+    /// Bearer tokens the root apiserver accepts (TokenReview), and whom they stand for.
+    pub root_tokens: Vec<(String, relaylet_sim::apiserver::auth::UserInfo)>,
 }
 
 impl Default for Settings {
@@ -78,6 +80,7 @@ impl Default for Settings {
             leaves: vec!["leaf-1".to_string(), "leaf-2".to_string()],
             env: BTreeMap::new(),
             pods: Vec::new(),
+            root_tokens: Vec::new(),
         }
     }
 }
@@ -110,6 +113,7 @@ impl Sandbox {
         .map(String::from)
         .to_vec();
         root_options.policy = root_policy();
+        root_options.tokens = settings.root_tokens.clone();
         let root = Cluster::start(root_options)
             .await
             .context("starting the root cluster")?;
