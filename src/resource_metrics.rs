@@ -231,7 +231,7 @@ impl NodeStats {
                 let cumulative = match counters.containers.get_mut(&key) {
                     Some((last, total)) => {
                         if timestamp > *last {
-                            let dt = (timestamp - *last).get_milliseconds() as f64 / 1000.0;
+                            let dt = timestamp.duration_since(*last).as_secs_f64();
                             let inc = cores * dt.max(0.0);
                             *total += inc;
                             node_increment += inc;
