@@ -111,14 +111,20 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     } else {
         leader::Leadership::always()
     };
-    spawn_until(&shutdown, {
+    tokio::spawn({
         let mut leadership = leadership.clone();
         let gauge = metrics.leader.clone();
+        let begin = shutdown.begin.clone();
         async move {
             loop {
                 gauge.set(i64::from(leadership.is_leader()));
-                leadership.changed().await;
+                tokio::select! {
+                    _ = leadership.changed() => {}
+                    // Shutting down releases leadership at once (see `leader::elect`).
+                    _ = begin.cancelled() => break,
+                }
             }
+            gauge.set(0);
         }
     });
     spawn_until(

@@ -152,6 +152,11 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
         Some("relaylet-1")
     );
     assert!(!sb.relaylet.leadership.is_leader());
+    wait_for("the leader gauges follow", Duration::from_secs(1), || {
+        let old = sb.relaylet.metrics.encode().unwrap_or_default();
+        let new = second.metrics.encode().unwrap_or_default();
+        old.contains("relaylet_leader 0\n") && new.contains("relaylet_leader 1\n")
+    });
 
     // No new connections on the old leader, and it reports not ready.
     assert!(
