@@ -8,6 +8,7 @@ mod support;
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::core::v1::{DaemonEndpoint, Node, NodeDaemonEndpoints};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use metrics_support::{Got, https_get, parse, value};
 use relaylet::sandbox::Settings;
@@ -246,6 +247,134 @@ fn each_virtual_node_reports_exactly_its_pods() {
         .filter_map(|p| p["metadata"]["name"].as_str())
         .collect();
     assert_eq!(names, BTreeSet::from(["demo-1", "worker-a"]));
+
+    through_the_root_apiserver(t0);
+}
+
+/// The path metrics-server and operators take: the root apiserver's
+/// `nodes/{name}/proxy/metrics/resource`, dialled at the Node's `daemonEndpoints` port.
+///
+/// The virtual node controller does not write each node's own port there yet (see
+/// docs/observability.md), so this test points relaylet-leaf-2's Node at its own port itself,
+/// standing in for that controller change; the controller rewrites status only when its own
+/// desired status changes or after 60 s, well after this test.
+fn through_the_root_apiserver(t0: Timestamp) {
+    let e = env(settings);
+    let node = "relaylet-leaf-2";
+    let own = e.sandbox.relaylet.node_ports.addr_of(node).unwrap();
+    let store = e.sandbox.root.api.store();
+    for attempt in 0.. {
+        let mut n: Node = store.get_typed("", node).unwrap();
+        if let Some(status) = n.status.as_mut() {
+            status.daemon_endpoints = Some(NodeDaemonEndpoints {
+                kubelet_endpoint: Some(DaemonEndpoint {
+                    port: i32::from(own.port()),
+                }),
+            });
+        }
+        match store.update_typed(&n) {
+            Ok(_) => break,
+            Err(err) => assert!(attempt < 10, "updating the Node: {err:?}"),
+        }
+    }
+    let k = relaylet_sim::tools::kubectl("1.35").expect("kubectl 1.35");
+    let raw = |path: &str| {
+        let out = Run::new(
+            &k,
+            &e.kubeconfig,
+            &["get", "--raw", &format!("/api/v1/nodes/{node}/proxy{path}")],
+        )
+        .output();
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&k, &out));
+        text(&out.stdout)
+    };
+
+    // A metrics-server-like scraper: two scrapes, rates from the counters' deltas over the
+    // samples' own timestamps, usage written to the root's metrics.k8s.io.
+    let first = parse(&raw("/metrics/resource"));
+    put_metrics(
+        "leaf-2",
+        "demo-2",
+        t0 + SignedDuration::from_secs(10),
+        "50m",
+        "5Mi",
+    );
+    let second = parse(&raw("/metrics/resource"));
+    let sample = |s: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]| {
+        s.samples
+            .iter()
+            .find(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+            .map(|x| {
+                let v = match x.value {
+                    prometheus_parse::Value::Counter(v)
+                    | prometheus_parse::Value::Gauge(v)
+                    | prometheus_parse::Value::Untyped(v) => v,
+                    _ => f64::NAN,
+                };
+                (v, x.timestamp.timestamp_millis())
+            })
+            .unwrap_or_else(|| panic!("{name} {labels:?} scraped"))
+    };
+    let rate = |name: &str, labels: &[(&str, &str)]| {
+        let (v1, t1) = sample(&first, name, labels);
+        let (v2, t2) = sample(&second, name, labels);
+        assert!(t2 > t1, "{name}: a newer sample");
+        (v2 - v1) / ((t2 - t1) as f64 / 1000.0)
+    };
+    let demo2 = [("namespace", "default"), ("pod", "demo-2")];
+    let pod_cores = rate("pod_cpu_usage_seconds_total", &demo2);
+    let node_cores = rate("node_cpu_usage_seconds_total", &[]);
+    assert!((pod_cores - 0.05).abs() < 1e-9, "{pod_cores}");
+    assert!((node_cores - 0.05).abs() < 1e-9, "{node_cores}");
+    let (pod_memory, _) = sample(&second, "pod_memory_working_set_bytes", &demo2);
+    let (node_memory, _) = sample(&second, "node_memory_working_set_bytes", &[]);
+    let now = Timestamp::now().to_string();
+    let cpu = |cores: f64| format!("{}n", (cores * 1e9).round() as u64);
+    let root_store = e.sandbox.root.api.store();
+    root_store
+        .upsert_object(json!({
+            "apiVersion": "metrics.k8s.io/v1beta1", "kind": "PodMetrics",
+            "metadata": {"name": "demo-2", "namespace": "default"},
+            "timestamp": now, "window": "10s",
+            "containers": [{"name": "main", "usage": {
+                "cpu": cpu(pod_cores), "memory": format!("{}", pod_memory as u64)}}],
+        }))
+        .unwrap();
+    root_store
+        .upsert_object(json!({
+            "apiVersion": "metrics.k8s.io/v1beta1", "kind": "NodeMetrics",
+            "metadata": {"name": node},
+            "timestamp": now, "window": "10s",
+            "usage": {"cpu": cpu(node_cores), "memory": format!("{}", node_memory as u64)},
+        }))
+        .unwrap();
+
+    let top = |args: &[&str]| {
+        let out = Run::new(&k, &e.kubeconfig, args).output();
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&k, &out));
+        text(&out.stdout)
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    let pods = top(&["top", "pod", "demo-2", "--no-headers"]);
+    assert_eq!(pods, vec![vec!["demo-2", "50m", "5Mi"]]);
+    let nodes = top(&["top", "node", node, "--no-headers"]);
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!(
+        (
+            nodes[0][0].as_str(),
+            nodes[0][1].as_str(),
+            nodes[0][3].as_str()
+        ),
+        (node, "50m", "5Mi"),
+        "{nodes:?}"
+    );
+
+    // The stats Summary through the same path.
+    let summary: serde_json::Value = serde_json::from_str(&raw("/stats/summary")).unwrap();
+    assert_eq!(summary["node"]["nodeName"], node);
+    assert_eq!(summary["pods"][0]["podRef"]["name"], "demo-2");
 }
 
 #[test]
