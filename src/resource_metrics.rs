@@ -177,12 +177,15 @@ impl NodeStats {
             .ok_or_else(|| StatsError::NoLeaf(node.to_string()))?;
         let pods = self.pods(node).await?;
         let metrics = leaf_pod_metrics(&leaf).await?;
-        Ok(self.combine(node, &pods, metrics, Timestamp::now()))
+        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(counters.combine(node, &pods, metrics, Timestamp::now()))
     }
+}
 
+impl Counters {
     /// Joins root pods with leaf metrics and advances the CPU counters.
     fn combine(
-        &self,
+        &mut self,
         node: &str,
         pods: &[Pod],
         metrics: Vec<PodMetrics>,
@@ -192,7 +195,7 @@ impl NodeStats {
             .into_iter()
             .map(|m| ((m.metadata.namespace.clone(), m.metadata.name.clone()), m))
             .collect();
-        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let counters = self;
         let mut node_increment = 0.0;
         let mut seen = HashSet::new();
         let mut out = Vec::new();
@@ -553,6 +556,96 @@ mod tests {
         assert_eq!(parse_go_duration("150ms"), Some(0.15));
         assert_eq!(parse_go_duration("soon"), None);
         assert_eq!(parse_go_duration(""), None);
+    }
+
+    fn root_pod(name: &str, leaf_name: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "namespace": "default", "uid": format!("uid-{name}"),
+                "annotations": leaf_name
+                    .map(|l| json!({ LEAF_POD_ANNOTATION: l }))
+                    .unwrap_or(json!({})),
+            },
+            "spec": {"nodeName": "vn", "containers": [{"name": "main"}]},
+        }))
+        .unwrap()
+    }
+
+    fn leaf_metrics(name: &str, at: &str, cpu: &str, memory: &str) -> PodMetrics {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "timestamp": at,
+            "window": "30s",
+            "containers": [{"name": "main", "usage": {"cpu": cpu, "memory": memory}}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn cpu_is_integrated_per_container_and_the_node_never_goes_back() {
+        let mut c = Counters::default();
+        let now = Timestamp::now();
+        // "b" runs in the leaf as "b-leaf"; "other" is in the leaf but not on the node.
+        let pods = vec![root_pod("a", None), root_pod("b", Some("b-leaf"))];
+        let first = c.combine(
+            "vn",
+            &pods,
+            vec![
+                leaf_metrics("a", "2026-01-01T00:00:00Z", "100m", "1Mi"),
+                leaf_metrics("b-leaf", "2026-01-01T00:00:00Z", "1", "2Mi"),
+                leaf_metrics("other", "2026-01-01T00:00:00Z", "4", "1Gi"),
+            ],
+            now,
+        );
+        assert_eq!(first.pods.len(), 2);
+        assert_eq!(first.pods[1].name, "b", "reported under the root name");
+        assert!((first.pods[0].cpu_seconds() - 3.0).abs() < 1e-9);
+        assert!((first.pods[1].cpu_seconds() - 30.0).abs() < 1e-9);
+        assert!((first.cpu_seconds - 33.0).abs() < 1e-9);
+        assert_eq!(first.memory_bytes, 3 * 1024 * 1024);
+
+        // 10 s later "a" runs at 500m; "b" is gone from the node.
+        let second = c.combine(
+            "vn",
+            &pods[..1],
+            vec![leaf_metrics("a", "2026-01-01T00:00:10Z", "500m", "1Mi")],
+            now,
+        );
+        assert!((second.pods[0].cpu_seconds() - 8.0).abs() < 1e-9);
+        assert!(
+            (second.cpu_seconds - 38.0).abs() < 1e-9,
+            "the node counter keeps b's seconds: {}",
+            second.cpu_seconds
+        );
+        assert_eq!(c.containers.len(), 1, "b's counter is dropped");
+
+        // The same sample again (or an older one) changes nothing.
+        let third = c.combine(
+            "vn",
+            &pods[..1],
+            vec![leaf_metrics("a", "2026-01-01T00:00:05Z", "900m", "1Mi")],
+            now,
+        );
+        assert!((third.pods[0].cpu_seconds() - 8.0).abs() < 1e-9);
+        assert!((third.cpu_seconds - 38.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_text_format_carries_sample_times_and_sums() {
+        let mut c = Counters::default();
+        let usage = c.combine(
+            "vn",
+            &[root_pod("a", None)],
+            vec![leaf_metrics("a", "2026-01-01T00:00:00Z", "250m", "4Ki")],
+            Timestamp::now(),
+        );
+        let text = encode_resource_metrics(Some(&usage));
+        assert!(text.contains(
+            "container_cpu_usage_seconds_total{container=\"main\",namespace=\"default\",pod=\"a\"} 7.5 1767225600000"
+        ));
+        assert!(text.contains("node_memory_working_set_bytes 4096 1767225600000"));
+        assert!(text.contains("resource_scrape_error 0"));
+        assert!(encode_resource_metrics(None).contains("resource_scrape_error 1"));
     }
 
     #[test]

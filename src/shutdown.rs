@@ -122,3 +122,42 @@ async fn wait_for_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn drain_ends_with_the_last_session() {
+        let shutdown = Shutdown::default();
+        let guard = shutdown.open.enter();
+        assert_eq!(shutdown.open.count(), 1);
+        shutdown.begin.cancel();
+        let drained = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { shutdown.drain(Duration::from_secs(30)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!shutdown.sessions.is_cancelled(), "sessions run on");
+        drop(guard);
+        tokio::time::timeout(Duration::from_secs(5), drained)
+            .await
+            .expect("drain ends with the last session")
+            .unwrap();
+        assert_eq!(shutdown.open.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn drain_cuts_at_the_end_of_the_grace_period() {
+        let shutdown = Shutdown::default();
+        let _stuck = shutdown.open.enter();
+        shutdown.begin.cancel();
+        let start = tokio::time::Instant::now();
+        let grace = Duration::from_millis(300);
+        tokio::time::timeout(Duration::from_secs(10), shutdown.drain(grace))
+            .await
+            .expect("drain gives up after the grace period");
+        assert!(shutdown.sessions.is_cancelled(), "open sessions are cut");
+        assert!(start.elapsed() >= grace);
+    }
+}
