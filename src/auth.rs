@@ -107,19 +107,48 @@ impl Access {
         let verb = if kind.is_streaming() {
             "create"
         } else {
-            match *method {
-                http::Method::POST => "create",
-                http::Method::PUT => "update",
-                http::Method::PATCH => "patch",
-                http::Method::DELETE => "delete",
-                _ => "get",
-            }
+            verb_of(method)
         };
         Access {
             verb: verb.to_string(),
             subresource: "proxy".to_string(),
             node: node.to_string(),
         }
+    }
+
+    /// The access a non-relay kubelet path needs, as the kubelet authorizes it: `/metrics*`
+    /// needs `nodes/metrics`, `/stats*` needs `nodes/stats`, anything else (`/pods` included)
+    /// `nodes/proxy`; the verb follows the method.
+    pub fn for_path(path: &str, method: &http::Method, node: &str) -> Access {
+        let under = |prefix: &str| {
+            path == prefix
+                || path
+                    .strip_prefix(prefix)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        };
+        let subresource = if under("/metrics") {
+            "metrics"
+        } else if under("/stats") {
+            "stats"
+        } else {
+            "proxy"
+        };
+        Access {
+            verb: verb_of(method).to_string(),
+            subresource: subresource.to_string(),
+            node: node.to_string(),
+        }
+    }
+}
+
+/// The kubelet's method-to-verb rule for plain requests.
+fn verb_of(method: &http::Method) -> &'static str {
+    match *method {
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "get",
     }
 }
 
@@ -351,6 +380,30 @@ mod tests {
         assert_eq!(
             Access::for_call(Kind::ContainerLogs, &http::Method::GET, "n").verb,
             "get"
+        );
+    }
+
+    #[test]
+    fn other_paths_need_the_kubelet_subresource() {
+        let get = &http::Method::GET;
+        let cases = [
+            ("/metrics", "metrics"),
+            ("/metrics/resource", "metrics"),
+            ("/metrics/cadvisor", "metrics"),
+            ("/metricsfoo", "proxy"),
+            ("/stats/summary", "stats"),
+            ("/stats", "stats"),
+            ("/pods", "proxy"),
+            ("/configz", "proxy"),
+        ];
+        for (path, subresource) in cases {
+            let access = Access::for_path(path, get, "n");
+            assert_eq!(access.subresource, subresource, "{path}");
+            assert_eq!(access.verb, "get", "{path}");
+        }
+        assert_eq!(
+            Access::for_path("/pods", &http::Method::POST, "n").verb,
+            "create"
         );
     }
 

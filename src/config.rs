@@ -78,6 +78,10 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub log_format: LogFormat,
     pub limits: Limits,
+    /// How long open sessions may run on after SIGTERM before they are cut
+    /// (`SHUTDOWN_GRACE_PERIOD`, default 30s; keep it below the pod's
+    /// `terminationGracePeriodSeconds`).
+    pub shutdown_grace_period: Duration,
 }
 
 /// Caps that keep one client (or a flood) from exhausting relaylet. Past a cap the caller gets
@@ -253,6 +257,8 @@ impl Config {
         let stream_creation_timeout =
             vars.duration("STREAM_CREATION_TIMEOUT", Duration::from_secs(30));
 
+        let shutdown_grace_period = vars.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(30));
+
         let leader_elect = match vars.get("LEADER_ELECT") {
             None => true,
             Some(raw) => vars.parse("LEADER_ELECT", &raw, true, |v| match v {
@@ -315,6 +321,7 @@ impl Config {
             leader_elect,
             metrics_addr,
             log_format,
+            shutdown_grace_period,
             limits,
         };
         if vars.errors.is_empty() {
@@ -497,6 +504,24 @@ mod tests {
         assert_eq!(c.node_name("leaf-1"), "relaylet-leaf-1");
         assert!(c.leader_elect);
         assert_eq!(c.limits, Limits::default());
+    }
+
+    #[test]
+    fn shutdown_grace_period_defaults_to_30s_and_is_a_duration() {
+        let c = config(&[("LEAF_NODE_IP", "10.0.0.1")]).unwrap();
+        assert_eq!(c.shutdown_grace_period, Duration::from_secs(30));
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("SHUTDOWN_GRACE_PERIOD", "1m30s"),
+        ])
+        .unwrap();
+        assert_eq!(c.shutdown_grace_period, Duration::from_secs(90));
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("SHUTDOWN_GRACE_PERIOD", "soon"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "SHUTDOWN_GRACE_PERIOD");
     }
 
     #[test]

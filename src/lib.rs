@@ -7,15 +7,20 @@
 pub mod auth;
 pub mod client_ca;
 pub mod config;
+pub mod health;
 pub mod kubelet_request;
 pub mod leader;
 pub mod leaf;
 pub mod limits;
+pub mod metrics;
+pub mod node_ports;
 pub mod node_server;
 pub mod pod_index;
 pub mod relay;
+pub mod resource_metrics;
 #[cfg(feature = "sim")]
 pub mod sandbox;
+pub mod session;
 pub mod shutdown;
 pub mod splice;
 pub mod status;
@@ -42,13 +47,31 @@ pub struct Running {
     pub addr: SocketAddr,
     pub registry: Registry,
     pub leadership: leader::Leadership,
-    /// Ends when the node server has stopped accepting.
+    /// Ends when the node server has stopped accepting and its sessions have ended (or were
+    /// cut when the shutdown grace period ran out).
     pub server: tokio::task::JoinHandle<()>,
+    /// Where the plain-HTTP metrics and health server listens (`METRICS_ADDR`).
+    pub metrics_addr: SocketAddr,
+    pub metrics: metrics::Metrics,
+    /// Each virtual node's own kubelet listener.
+    pub node_ports: node_ports::NodePorts,
 }
 
 /// Starts every part of relaylet against the root cluster `root`; runs until `shutdown` fires.
 pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::Result<Running> {
     let config = Arc::new(config);
+    let metrics = metrics::Metrics::new();
+    let health = health::Health::new(metrics.clone(), shutdown.begin.clone());
+    let metrics_listener = health::bind(config.metrics_addr)
+        .await
+        .with_context(|| format!("listening on {} (METRICS_ADDR)", config.metrics_addr))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+    tokio::spawn(health::serve(
+        metrics_listener,
+        health.clone(),
+        shutdown.sessions.clone(),
+    ));
+    tracing::info!(url = %format!("http://{metrics_addr}/metrics"), "metrics server listening");
     let registry = Registry::default();
     leaf::load_static_leaf(&config, &registry).await?;
     let secret_namespace = config
@@ -88,6 +111,26 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     } else {
         leader::Leadership::always()
     };
+    tokio::spawn({
+        let mut leadership = leadership.clone();
+        let gauge = metrics.leader.clone();
+        let begin = shutdown.begin.clone();
+        async move {
+            loop {
+                gauge.set(i64::from(leadership.is_leader()));
+                tokio::select! {
+                    _ = leadership.changed() => {}
+                    // Shutting down releases leadership at once (see `leader::elect`).
+                    _ = begin.cancelled() => break,
+                }
+            }
+            gauge.set(0);
+        }
+    });
+    spawn_until(
+        &shutdown,
+        health.clone().probe(root.clone(), registry.clone()),
+    );
     let controller = Arc::new(virtual_node::Controller {
         config: config.clone(),
         root: root.clone(),
@@ -102,6 +145,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         _ => Some(client_ca::start(&config, &root, shutdown.begin.clone()).await?),
     };
     let tls = tls::server_config(&config, client_ca)?;
+    health.certificates_loaded();
     let addr = SocketAddr::new(config.leaf_node_ip, config.node_server_port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -112,29 +156,68 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
             "AUTH_MODE=none: anyone who reaches {addr} can exec into every leaf pod; use only in a sandbox"
         );
     }
-    let server = Arc::new(node_server::NodeServer {
-        gate: limits::Gate::new(config.limits),
-        auth: auth::Authenticator::new(config.auth_mode, Some(root.clone())),
-        registry: registry.clone(),
-        pods,
-        relay: relay::Relay {
-            creation_timeout: config.stream_creation_timeout,
-            idle_timeout: config.stream_idle_timeout,
-            stop: shutdown.sessions.clone(),
-        },
-    });
+    let gate = limits::Gate::new(config.limits);
+    let relay = relay::Relay {
+        creation_timeout: config.stream_creation_timeout,
+        idle_timeout: config.stream_idle_timeout,
+        stop: shutdown.sessions.clone(),
+        open: shutdown.open.clone(),
+        metrics: metrics.clone(),
+    };
+    let stats = Arc::new(resource_metrics::NodeStats::new(
+        root.clone(),
+        registry.clone(),
+    ));
+    let make_server = {
+        let (config, root, registry, pods, metrics) = (
+            config.clone(),
+            root.clone(),
+            registry.clone(),
+            pods.clone(),
+            metrics.clone(),
+        );
+        move |node: Option<String>| {
+            Arc::new(node_server::NodeServer {
+                gate: gate.clone(),
+                auth: auth::Authenticator::new(config.auth_mode, Some(root.clone())),
+                registry: registry.clone(),
+                pods: pods.clone(),
+                relay: relay.clone(),
+                metrics: metrics.clone(),
+                stats: stats.clone(),
+                node,
+            })
+        }
+    };
+    let node_ports = node_ports::NodePorts::default();
     tracing::info!(%addr, auth = ?config.auth_mode, "node server listening");
-    let server = tokio::spawn(node_server::serve(
-        listener,
-        tls,
-        server,
+    let shared = make_server(None);
+    tokio::spawn(node_ports.clone().run(
+        registry.clone(),
+        addr,
+        tls.clone(),
+        move |node| make_server(Some(node)),
         shutdown.begin.clone(),
     ));
+    // Armed here, not only by the signal handler, so any way of beginning shutdown (a signal,
+    // an embedding test) gets the configured grace period.
+    let grace = config.shutdown_grace_period;
+    let server = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            node_server::serve(listener, tls, shared, shutdown.begin.clone()).await;
+            shutdown.drain(grace).await;
+            tracing::info!("node server stopped; every session has ended");
+        }
+    });
     Ok(Running {
         addr,
         registry,
         leadership,
         server,
+        metrics_addr,
+        metrics,
+        node_ports,
     })
 }
 

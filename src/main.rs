@@ -50,7 +50,7 @@ async fn serve() -> anyhow::Result<()> {
         anyhow::anyhow!("connecting to the root cluster (KUBECONFIG or in-cluster): {e}")
     })?;
     let shutdown = Shutdown::default();
-    shutdown.on_signals(std::time::Duration::from_secs(30));
+    shutdown.on_signals(config.shutdown_grace_period);
     let running = relaylet::start(config, root, shutdown).await?;
     running.server.await?;
     Ok(())

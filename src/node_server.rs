@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -25,8 +25,11 @@ use crate::auth::{Access, Authenticator};
 use crate::kubelet_request::{KubeletRequest, RequestError};
 use crate::leaf::Registry;
 use crate::limits::Gate;
+use crate::metrics::Metrics;
 use crate::pod_index::{PodIndex, RouteError};
 use crate::relay::Relay;
+use crate::resource_metrics::{self, NodeStats};
+use crate::session::SessionInfo;
 use crate::status;
 
 /// How long a client has to complete the TLS handshake, and then to send its request headers.
@@ -50,12 +53,24 @@ pub struct NodeServer {
     pub registry: Registry,
     pub pods: PodIndex,
     pub relay: Relay,
+    pub metrics: Metrics,
+    pub stats: Arc<NodeStats>,
+    /// The virtual node this listener is dedicated to (see `node_ports.rs`); `None` on the
+    /// shared port, which serves every virtual node's pods.
+    pub node: Option<String>,
 }
 
 impl NodeServer {
     fn router(self: Arc<Self>) -> Router {
         Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/metrics", axum::routing::get(node_metrics))
+            .route(
+                "/metrics/resource",
+                axum::routing::get(node_resource_metrics),
+            )
+            .route("/stats/summary", axum::routing::get(node_summary))
+            .route("/pods", axum::routing::get(node_pods))
             .fallback(handle)
             .with_state(self)
     }
@@ -207,7 +222,10 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
         .await
     {
         Ok(caller) => caller,
-        Err(err) => return status::response(err.status(), err.to_string()),
+        Err(err) => {
+            server.count_auth_error(&err);
+            return status::response(err.status(), err.to_string());
+        }
     };
     if server.auth.mode() == crate::config::AuthMode::None {
         tracing::warn!(user = %caller.user, path = %req.uri().path(), "AUTH_MODE=none: serving an unauthenticated caller");
@@ -252,9 +270,11 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
     };
     let access = Access::for_call(kreq.kind, req.method(), &route.node_name);
     if let Err(err) = server.auth.authorize(&caller, &access).await {
+        server.count_auth_error(&err);
         tracing::info!(user = %caller.user, verb = %access.verb, node = %access.node, "access denied");
         return status::response(err.status(), err.to_string());
     }
+    server.metrics.auth_decision("allowed");
     let span = tracing::info_span!(
         "kubelet_call",
         kind = %kreq.kind,
@@ -276,13 +296,148 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
         None
     };
     let path = kreq.leaf_path(&route.leaf_namespace, &route.leaf_pod);
+    let info = SessionInfo {
+        kind: kreq.kind,
+        user: caller.user.clone(),
+        namespace: kreq.namespace.clone(),
+        pod: kreq.pod.clone(),
+        container: kreq.container.clone(),
+        leaf: leaf.name.clone(),
+        node: route.node_name.clone(),
+    };
     async move {
-        tracing::info!("relaying");
         server
             .relay
-            .forward(req.map(Body::new), kreq.kind, leaf, path, permit)
+            .forward(req.map(Body::new), info, leaf, path, permit)
             .await
     }
     .instrument(span)
     .await
+}
+
+impl NodeServer {
+    /// Counts a refused caller in the auth metrics.
+    fn count_auth_error(&self, err: &crate::auth::AuthError) {
+        use crate::auth::AuthError;
+        self.metrics.auth_decision(match err {
+            AuthError::Forbidden { .. } => "denied",
+            AuthError::Unavailable(_) => "error",
+            _ => "unauthenticated",
+        });
+    }
+
+    /// The virtual node a node-level path (`/metrics`, `/stats/summary`, `/pods`) is about: the
+    /// node of this listener, or on the shared port the only virtual node there is. With several,
+    /// the shared port cannot tell which node a scraper means (they share relaylet's address), so
+    /// it answers 404 naming the nodes' own ports.
+    fn node_for_path(&self) -> Result<String, Box<Response>> {
+        if let Some(node) = &self.node {
+            return Ok(node.clone());
+        }
+        let nodes: Vec<String> = self
+            .registry
+            .snapshot()
+            .values()
+            .map(|l| l.node_name.clone())
+            .collect();
+        match nodes.as_slice() {
+            [only] => Ok(only.clone()),
+            _ => Err(Box::new(status::response(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "this port serves {} virtual nodes; node-level paths are served on each node's own kubelet port (status.daemonEndpoints.kubeletEndpoint.Port)",
+                    nodes.len()
+                ),
+            ))),
+        }
+    }
+
+    /// Authenticates the caller and authorizes `path` on the listener's node, like the kubelet
+    /// (`nodes/metrics`, `nodes/stats`, `nodes/proxy`); the node on success.
+    async fn authorize_node_path(&self, req: Request) -> Result<String, Box<Response>> {
+        let node = self.node_for_path()?;
+        let cert = req
+            .extensions()
+            .get::<PeerCert>()
+            .cloned()
+            .unwrap_or_default();
+        let caller = match self
+            .auth
+            .authenticate(cert.0.as_deref(), req.headers())
+            .await
+        {
+            Ok(caller) => caller,
+            Err(err) => {
+                self.count_auth_error(&err);
+                return Err(Box::new(status::response(err.status(), err.to_string())));
+            }
+        };
+        let access = Access::for_path(req.uri().path(), req.method(), &node);
+        if let Err(err) = self.auth.authorize(&caller, &access).await {
+            self.count_auth_error(&err);
+            return Err(Box::new(status::response(err.status(), err.to_string())));
+        }
+        self.metrics.auth_decision("allowed");
+        Ok(node)
+    }
+}
+
+/// relaylet's own metrics, behind `nodes/metrics` (the apiserver's `nodes/{name}/proxy/metrics`).
+async fn node_metrics(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
+    match server.authorize_node_path(req).await {
+        Ok(_) => server.metrics.response(),
+        Err(resp) => *resp,
+    }
+}
+
+/// The node's pods' usage in the kubelet's `/metrics/resource` format (what metrics-server
+/// scrapes).
+async fn node_resource_metrics(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
+    let node = match server.authorize_node_path(req).await {
+        Ok(node) => node,
+        Err(resp) => return *resp,
+    };
+    let text = match server.stats.usage(&node).await {
+        Ok(usage) => resource_metrics::encode_resource_metrics(Some(&usage)),
+        Err(err) => {
+            tracing::warn!(%node, %err, "resource metrics unavailable");
+            resource_metrics::encode_resource_metrics(None)
+        }
+    };
+    let mut resp = Response::new(Body::from(text));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(resource_metrics::TEXT_CONTENT_TYPE),
+    );
+    resp
+}
+
+/// The node's pods' usage as the kubelet's stats Summary.
+async fn node_summary(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
+    let node = match server.authorize_node_path(req).await {
+        Ok(node) => node,
+        Err(resp) => return *resp,
+    };
+    match server.stats.usage(&node).await {
+        Ok(usage) => axum::Json(resource_metrics::summary(&usage)).into_response(),
+        Err(err) => status::response(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+    }
+}
+
+/// The root pods bound to the node, as the kubelet's `/pods` PodList.
+async fn node_pods(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
+    let node = match server.authorize_node_path(req).await {
+        Ok(node) => node,
+        Err(resp) => return *resp,
+    };
+    match server.stats.pods(&node).await {
+        Ok(items) => axum::Json(serde_json::json!({
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {},
+            "items": items,
+        }))
+        .into_response(),
+        Err(err) => status::response(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+    }
 }

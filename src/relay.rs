@@ -19,10 +19,12 @@ use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::kubelet_request::Kind;
 use crate::leaf::Leaf;
 use crate::limits::Permit;
-use crate::splice::{self, ClientSide};
+use crate::metrics::Metrics;
+use crate::session::{self, Session, SessionInfo};
+use crate::shutdown::OpenSessions;
+use crate::splice::{self, ClientSide, End, Meter};
 use crate::status;
 
 /// Headers of the caller's upgrade request that the leaf needs to negotiate the same protocol.
@@ -56,23 +58,28 @@ pub struct Relay {
     pub idle_timeout: Duration,
     /// Fires when open sessions must end (shutdown grace over).
     pub stop: CancellationToken,
+    /// Counts running sessions, so shutdown can wait for them.
+    pub open: OpenSessions,
+    pub metrics: Metrics,
 }
 
 impl Relay {
     /// Relays `req` to `path` (path and query) on `leaf`. A streaming session holds `permit`
-    /// until its splice ends.
+    /// until its splice ends. `info` describes the call for the session log lines and metrics.
     pub async fn forward(
         &self,
         req: Request<Body>,
-        kind: Kind,
+        info: SessionInfo,
         leaf: Arc<Leaf>,
         path: String,
         permit: Option<Permit<String>>,
     ) -> Response {
-        if kind.is_streaming() {
-            self.forward_upgrade(req, leaf, path, permit).await
+        let streaming = info.kind.is_streaming();
+        let session = Session::start(info, &self.metrics, &self.open);
+        if streaming {
+            self.forward_upgrade(req, leaf, path, permit, session).await
         } else {
-            self.forward_logs(req, leaf, path).await
+            self.forward_logs(req, leaf, path, session).await
         }
     }
 
@@ -82,14 +89,17 @@ impl Relay {
         leaf: Arc<Leaf>,
         path: String,
         permit: Option<Permit<String>>,
+        mut session: Session,
     ) -> Response {
         if !is_upgrade(req.headers()) {
+            session.set_result(session::Result::BadRequest);
             return status::response(
                 StatusCode::BAD_REQUEST,
                 "this call needs a streaming upgrade (SPDY/3.1 or WebSocket): Connection: Upgrade and Upgrade headers are missing",
             );
         }
         let Some(on_upgrade) = req.extensions_mut().remove::<OnUpgrade>() else {
+            session.set_result(session::Result::BadRequest);
             return status::response(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "the connection cannot be upgraded",
@@ -108,6 +118,7 @@ impl Relay {
         let leaf_req = match leaf_req.body(kube::client::Body::empty()) {
             Ok(r) => r,
             Err(err) => {
+                session.set_result(session::Result::BadRequest);
                 return status::response(
                     StatusCode::BAD_REQUEST,
                     format!("bad upgrade headers: {err}"),
@@ -115,12 +126,18 @@ impl Relay {
             }
         };
 
-        let mut leaf_resp = match self.send(&leaf, leaf_req).await {
+        let leaf_resp = self.send(&leaf, leaf_req).await;
+        session.leaf_answered();
+        let mut leaf_resp = match leaf_resp {
             Ok(resp) => resp,
-            Err(resp) => return resp,
+            Err(resp) => {
+                session.set_result(session::Result::LeafUnreachable);
+                return resp;
+            }
         };
         if leaf_resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            return pass_back(leaf_resp);
+            session.set_result(session::Result::Rejected);
+            return pass_back(leaf_resp, None);
         }
 
         let mut answer = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
@@ -137,10 +154,12 @@ impl Relay {
             async move {
                 // The session counts against the caps until its splice ends.
                 let _permit = permit;
+                let mut session = session;
                 let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
                     Ok(both) => both,
                     Err(err) => {
                         tracing::warn!(%err, leaf = %leaf_name, "upgrade did not complete");
+                        session.set_result(session::Result::UpgradeFailed);
                         return;
                     }
                 };
@@ -155,22 +174,29 @@ impl Relay {
                         tracing::error!(
                             "caller connection is not the TLS stream the node server accepted"
                         );
+                        session.set_result(session::Result::UpgradeFailed);
                         return;
                     }
+                };
+                let meter = Meter {
+                    to_leaf: relay.metrics.bytes_counter("to_leaf"),
+                    to_client: relay.metrics.bytes_counter("to_client"),
                 };
                 let outcome = splice::splice(
                     client,
                     TokioIo::new(leaf_io),
                     relay.idle_timeout,
                     relay.stop.clone(),
+                    &meter,
                 )
                 .await;
-                tracing::info!(
-                    to_leaf = outcome.to_leaf,
-                    to_client = outcome.to_client,
-                    end = ?outcome.end,
-                    "stream closed"
-                );
+                let result = match outcome.end {
+                    End::LeafClosed => session::Result::Completed,
+                    End::ClientClosed => session::Result::ClientClosed,
+                    End::IdleTimeout => session::Result::IdleTimeout,
+                    End::Shutdown => session::Result::Shutdown,
+                };
+                session.ended(result, outcome.to_leaf, outcome.to_client);
             }
             .in_current_span(),
         );
@@ -182,19 +208,45 @@ impl Relay {
         })
     }
 
-    async fn forward_logs(&self, req: Request<Body>, leaf: Arc<Leaf>, path: String) -> Response {
+    async fn forward_logs(
+        &self,
+        req: Request<Body>,
+        leaf: Arc<Leaf>,
+        path: String,
+        mut session: Session,
+    ) -> Response {
         if req.method() != http::Method::GET {
+            session.set_result(session::Result::BadRequest);
             return status::response(StatusCode::METHOD_NOT_ALLOWED, "containerLogs takes GET");
         }
         let leaf_req = match Request::get(path.as_str()).body(kube::client::Body::empty()) {
             Ok(r) => r,
             Err(err) => {
+                session.set_result(session::Result::BadRequest);
                 return status::response(StatusCode::BAD_REQUEST, format!("bad request: {err}"));
             }
         };
-        match self.send(&leaf, leaf_req).await {
-            Ok(resp) => pass_back(resp),
-            Err(resp) => resp,
+        let resp = self.send(&leaf, leaf_req).await;
+        session.leaf_answered();
+        match resp {
+            Ok(resp) => {
+                if !resp.status().is_success() {
+                    session.set_result(session::Result::Rejected);
+                    return pass_back(resp, None);
+                }
+                // The session ends with the body: when the leaf's stream ends, or when the
+                // caller stops reading and the body is dropped.
+                let counted = CountedBody {
+                    session,
+                    counter: self.metrics.bytes_counter("to_client"),
+                    bytes: 0,
+                };
+                pass_back(resp, Some(counted))
+            }
+            Err(resp) => {
+                session.set_result(session::Result::LeafUnreachable);
+                resp
+            }
         }
     }
 
@@ -233,9 +285,21 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
     connection_upgrade && headers.contains_key(header::UPGRADE)
 }
 
-/// Passes a leaf answer back with its status, the headers that matter, and its body streamed.
-fn pass_back(resp: http::Response<kube::client::Body>) -> Response {
+/// What a relayed log body has carried; the session ends when the body is done or dropped.
+struct CountedBody {
+    session: Session,
+    counter: prometheus_client::metrics::counter::Counter,
+    bytes: u64,
+}
+
+/// Passes a leaf answer back with its status, the headers that matter, and its body streamed;
+/// with `counted`, every data frame is counted and the session ends with the body.
+fn pass_back(resp: http::Response<kube::client::Body>, counted: Option<CountedBody>) -> Response {
     let (parts, body) = resp.into_parts();
+    let body = match counted {
+        None => Body::new(body),
+        Some(counted) => Body::from_stream(counted_stream(body, counted)),
+    };
     let mut answer = Response::builder().status(parts.status);
     for name in PASSED_RESPONSE_HEADERS {
         let name = HeaderName::from_static(name);
@@ -243,10 +307,51 @@ fn pass_back(resp: http::Response<kube::client::Body>) -> Response {
             answer = answer.header(&name, value);
         }
     }
-    answer.body(Body::new(body)).unwrap_or_else(|err| {
+    answer.body(body).unwrap_or_else(|err| {
         status::response(
             StatusCode::BAD_GATEWAY,
             format!("leaf sent unusable headers: {err}"),
         )
+    })
+}
+
+/// The data of `body` as a stream, counted into `counted`; the end of the body (or an error)
+/// marks the session's result. Dropped early, the session keeps its "client closed" result.
+fn counted_stream(
+    body: kube::client::Body,
+    counted: CountedBody,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send {
+    use http_body_util::BodyExt;
+    futures::stream::unfold(Some((body, counted)), |state| async move {
+        let (mut body, mut counted) = state?;
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        let n = data.len() as u64;
+                        counted.bytes += n;
+                        counted.counter.inc_by(n);
+                        let bytes = counted.bytes;
+                        counted
+                            .session
+                            .ended(session::Result::ClientClosed, 0, bytes);
+                        return Some((Ok(data), Some((body, counted))));
+                    }
+                }
+                Some(Err(err)) => {
+                    tracing::debug!(%err, "leaf log stream failed");
+                    let bytes = counted.bytes;
+                    counted
+                        .session
+                        .ended(session::Result::LeafUnreachable, 0, bytes);
+                    return Some((Err(std::io::Error::other(err.to_string())), None));
+                }
+                None => {
+                    let bytes = counted.bytes;
+                    counted.session.ended(session::Result::Completed, 0, bytes);
+                    return None;
+                }
+            }
+        }
     })
 }

@@ -194,6 +194,8 @@ impl Sandbox {
             ),
             ("POD_NAME".into(), "relaylet-0".into()),
             ("POD_NAMESPACE".into(), RELAYLET_NAMESPACE.into()),
+            // A free loopback port: several sandboxes (tests) may run at once.
+            ("METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()?)),
         ]);
         env.extend(settings.env.clone());
         let config = Config::from_lookup(|name| env.get(name).cloned())?;
@@ -202,6 +204,17 @@ impl Sandbox {
         let relaylet = crate::start(config.clone(), root_client, shutdown.clone())
             .await
             .context("starting relaylet")?;
+
+        // Each virtual node's own kubelet port is bound once its leaf is registered. Wait for
+        // them before starting pods: the pods' ports are picked free-then-bound by the kubelet
+        // stand-in, and must not race relaylet for the same number.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while relaylet.node_ports.all().len() < settings.leaves.len() {
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!("relaylet did not open a kubelet port for every virtual node");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
 
         let sandbox = Sandbox {
             root,
@@ -220,7 +233,39 @@ impl Sandbox {
             sandbox.add_pod(leaf, pod).await?;
         }
         sandbox.wait_ready(Duration::from_secs(30)).await?;
+        for (index, name) in settings.leaves.iter().enumerate() {
+            sandbox
+                .wait_serving(
+                    name,
+                    &format!("demo-{}", index + 1),
+                    Duration::from_secs(30),
+                )
+                .await?;
+        }
         Ok(sandbox)
+    }
+
+    /// Waits until demo pod `pod` in leaf `leaf` has logged its first line: it prints only
+    /// after its HTTP socket is listening, so port-forward tests can use it at once.
+    async fn wait_serving(&self, leaf: &str, pod: &str, within: Duration) -> anyhow::Result<()> {
+        let cluster = self
+            .leaves
+            .get(leaf)
+            .ok_or_else(|| anyhow::anyhow!("no leaf {leaf} in the sandbox"))?;
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(kube_client(&cluster.admin_kubeconfig()?).await?, "default");
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Ok(log) = pods.logs(pod, &Default::default()).await
+                && !log.is_empty()
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!("demo pod {pod} in {leaf} did not start within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Runs `pod` in leaf `leaf` and shows it in the root on the leaf's virtual node, as a
@@ -293,6 +338,15 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             names.join(", ")
         }
     );
+    println!(
+        "  relaylet metrics: http://{}/metrics (health: /livez /readyz)",
+        sandbox.relaylet.metrics_addr
+    );
+    for (node, addr) in sandbox.relaylet.node_ports.all() {
+        println!(
+            "  virtual node {node}: own kubelet port {addr} (/metrics/resource, /stats/summary, /pods)"
+        );
+    }
     println!("  export KUBECONFIG={}", path.display());
     println!(
         "  kubectl get nodes -o wide; kubectl exec -it demo-1 -- sh; kubectl logs -f demo-2; kubectl port-forward demo-1 8080:8080"

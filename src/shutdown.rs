@@ -1,20 +1,89 @@
-//! Shutdown signals: SIGTERM or Ctrl-C stop accepting at once; open sessions get a grace
-//! period, then are cut (with a reset, so no client mistakes the cut for success).
+//! Shutdown signals: SIGTERM or Ctrl-C stop accepting at once (and give up leadership); open
+//! sessions get a grace period (`SHUTDOWN_GRACE_PERIOD`), then are cut with a TCP reset, so no
+//! client mistakes the cut for success (see `splice.rs` for why a clean close would lie).
+//!
+//! [`OpenSessions`] counts the sessions still running, so the process can exit as soon as the
+//! last one ends instead of always waiting the whole grace period.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// The two stages of shutting down.
+/// How long cut sessions get to finish their reset and logging before the process moves on.
+const CUT_SETTLE: Duration = Duration::from_secs(2);
+
+/// The two stages of shutting down, and the sessions still open.
 #[derive(Clone, Debug, Default)]
 pub struct Shutdown {
     /// Fires when relaylet must stop accepting new work.
     pub begin: CancellationToken,
     /// Fires when open sessions must end.
     pub sessions: CancellationToken,
+    /// Sessions running now.
+    pub open: OpenSessions,
+}
+
+/// A count of running sessions. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct OpenSessions(Arc<watch::Sender<usize>>);
+
+impl Default for OpenSessions {
+    fn default() -> Self {
+        OpenSessions(Arc::new(watch::Sender::new(0)))
+    }
+}
+
+/// Counts one session as open until dropped.
+#[derive(Debug)]
+pub struct SessionGuard(Arc<watch::Sender<usize>>);
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl OpenSessions {
+    /// Counts a session as open until the guard is dropped.
+    pub fn enter(&self) -> SessionGuard {
+        self.0.send_modify(|n| *n += 1);
+        SessionGuard(self.0.clone())
+    }
+
+    /// How many sessions are open.
+    pub fn count(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    /// Resolves when no session is open.
+    pub async fn idle(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
 }
 
 impl Shutdown {
+    /// Once `begin` has fired, waits until every session has ended or `grace` is over; then
+    /// fires `sessions` (cutting what is left) and gives the cut sessions a moment to close.
+    pub async fn drain(&self, grace: Duration) {
+        self.begin.cancelled().await;
+        let open = self.open.count();
+        if open > 0 {
+            tracing::info!(open, grace = ?grace, "waiting for open sessions to finish");
+        }
+        tokio::select! {
+            _ = self.open.idle() => {}
+            _ = tokio::time::sleep(grace) => {
+                tracing::warn!(open = self.open.count(), "grace period over: cutting open sessions");
+            }
+            _ = self.sessions.cancelled() => {}
+        }
+        self.sessions.cancel();
+        let _ = tokio::time::timeout(CUT_SETTLE, self.open.idle()).await;
+    }
+
     /// Waits for SIGTERM or Ctrl-C, then fires `begin`, and `sessions` after `grace`.
     pub fn on_signals(&self, grace: Duration) {
         let this = self.clone();
@@ -51,5 +120,44 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn drain_ends_with_the_last_session() {
+        let shutdown = Shutdown::default();
+        let guard = shutdown.open.enter();
+        assert_eq!(shutdown.open.count(), 1);
+        shutdown.begin.cancel();
+        let drained = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { shutdown.drain(Duration::from_secs(30)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!shutdown.sessions.is_cancelled(), "sessions run on");
+        drop(guard);
+        tokio::time::timeout(Duration::from_secs(5), drained)
+            .await
+            .expect("drain ends with the last session")
+            .unwrap();
+        assert_eq!(shutdown.open.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn drain_cuts_at_the_end_of_the_grace_period() {
+        let shutdown = Shutdown::default();
+        let _stuck = shutdown.open.enter();
+        shutdown.begin.cancel();
+        let start = tokio::time::Instant::now();
+        let grace = Duration::from_millis(300);
+        tokio::time::timeout(Duration::from_secs(10), shutdown.drain(grace))
+            .await
+            .expect("drain gives up after the grace period");
+        assert!(shutdown.sessions.is_cancelled(), "open sessions are cut");
+        assert!(start.elapsed() >= grace);
     }
 }

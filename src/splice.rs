@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -39,6 +40,15 @@ impl ClientSide {
         }
         drop(tcp);
     }
+}
+
+/// relaylet-wide byte counters the splice adds to as bytes move (one relaxed atomic add per
+/// chunk, next to the session's own count), so long sessions show up in the metrics while they
+/// run, not only when they end.
+#[derive(Clone, Debug, Default)]
+pub struct Meter {
+    pub to_leaf: Counter,
+    pub to_client: Counter,
 }
 
 /// How a splice ended.
@@ -68,6 +78,7 @@ pub async fn splice<L>(
     leaf: L,
     idle: Duration,
     stop: CancellationToken,
+    meter: &Meter,
 ) -> Outcome
 where
     L: AsyncRead + AsyncWrite + Unpin,
@@ -88,11 +99,13 @@ where
                 leaf_write.write_all(&read_ahead).await?;
                 leaf_write.flush().await?;
                 to_leaf.fetch_add(read_ahead.len() as u64, Ordering::Relaxed);
+                meter.to_leaf.inc_by(read_ahead.len() as u64);
             }
             copy(
                 &mut client_read,
                 &mut leaf_write,
                 &to_leaf,
+                &meter.to_leaf,
                 &last_activity,
                 start,
             )
@@ -102,6 +115,7 @@ where
             &mut leaf_read,
             &mut client_write,
             &to_client,
+            &meter.to_client,
             &last_activity,
             start,
         );
@@ -155,6 +169,7 @@ async fn copy<R, W>(
     reader: &mut R,
     writer: &mut W,
     counter: &AtomicU64,
+    total: &Counter,
     last_activity: &AtomicU64,
     start: Instant,
 ) -> io::Result<()>
@@ -172,6 +187,7 @@ where
         writer.write_all(&buf[..n]).await?;
         writer.flush().await?;
         counter.fetch_add(n as u64, Ordering::Relaxed);
+        total.inc_by(n as u64);
         last_activity.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 }

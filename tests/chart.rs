@@ -1382,7 +1382,7 @@ fn leaf_rbac_grants_exactly_the_calls_relaylet_relays() {
     }
     want.extend(grant("*", "", "pods/log", "", &["get"]));
     want.extend(grant("*", "", "nodes", "", &["get", "list", "watch"]));
-    want.extend(grant("*", "metrics.k8s.io", "pods", "", &["get"]));
+    want.extend(grant("*", "metrics.k8s.io", "pods", "", &["get", "list"]));
     assert_eq!(grants, want.into_iter().collect::<BTreeSet<_>>());
     for (_, group, resource, name, verb) in &grants {
         assert!(

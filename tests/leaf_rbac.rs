@@ -67,7 +67,7 @@ fn the_manifest_grants_exactly_what_relaylet_uses() {
             "/pods/log:get",
             "/pods/portforward:create,get",
             "/pods:get,list,watch",
-            "metrics.k8s.io/pods:get",
+            "metrics.k8s.io/pods:get,list",
         ]
     );
 }

@@ -1,0 +1,174 @@
+//! The plain-HTTP operations port (`METRICS_ADDR`): `/metrics`, `/livez`, `/healthz`, `/readyz`,
+//! and the probes that keep the reachability gauges and readiness current.
+//!
+//! - `/livez` and `/healthz`: the process serves HTTP (a restart would not help otherwise).
+//! - `/readyz`: the root apiserver answered the last probe, at least one leaf did, the serving
+//!   certificate is loaded, and shutdown has not begun. A replica that is not ready is taken out
+//!   of the Service but keeps relaying the sessions it has.
+//!
+//! The port carries no secrets and no pod data, only counts, so it is unauthenticated like the
+//! kubelet's own health port; keep it off the public network.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use kube::Client;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::leaf::Registry;
+use crate::metrics::Metrics;
+
+/// How often the root and every leaf are probed.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// How long one probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What readiness is judged on. Cheap to share.
+pub struct Health {
+    pub metrics: Metrics,
+    root_ok: AtomicBool,
+    leaves_ok: Mutex<BTreeMap<String, bool>>,
+    certificates_loaded: AtomicBool,
+    stopping: CancellationToken,
+}
+
+impl Health {
+    /// `stopping` fires when shutdown begins (readiness turns false at once).
+    pub fn new(metrics: Metrics, stopping: CancellationToken) -> Arc<Health> {
+        Arc::new(Health {
+            metrics,
+            root_ok: AtomicBool::new(false),
+            leaves_ok: Mutex::new(BTreeMap::new()),
+            certificates_loaded: AtomicBool::new(false),
+            stopping,
+        })
+    }
+
+    /// Marks the serving certificate as loaded.
+    pub fn certificates_loaded(&self) {
+        self.certificates_loaded.store(true, Ordering::Relaxed);
+    }
+
+    /// Why relaylet is not ready, or `None` when it is.
+    pub fn not_ready(&self) -> Option<String> {
+        if self.stopping.is_cancelled() {
+            return Some("shutting down".to_string());
+        }
+        if !self.certificates_loaded.load(Ordering::Relaxed) {
+            return Some("serving certificate not loaded".to_string());
+        }
+        if !self.root_ok.load(Ordering::Relaxed) {
+            return Some("root apiserver unreachable".to_string());
+        }
+        let leaves = self.leaves_ok.lock().unwrap_or_else(|e| e.into_inner());
+        if !leaves.values().any(|ok| *ok) {
+            return Some("no leaf cluster reachable".to_string());
+        }
+        None
+    }
+
+    /// Probes the root and every registered leaf every [`PROBE_EVERY`], until `stop` fires.
+    pub async fn probe(self: Arc<Self>, root: Client, registry: Registry) {
+        loop {
+            let root_ok = reachable(&root).await;
+            self.root_ok.store(root_ok, Ordering::Relaxed);
+            self.metrics.root_reachable.set(i64::from(root_ok));
+            let leaves = registry.snapshot();
+            let mut results = BTreeMap::new();
+            for leaf in leaves.values() {
+                let ok = reachable(&leaf.client).await;
+                self.metrics
+                    .leaf_reachable
+                    .get_or_create(&[("leaf", leaf.name.clone())])
+                    .set(i64::from(ok));
+                results.insert(leaf.name.clone(), ok);
+            }
+            // Leaves that left the registry leave the gauge too.
+            {
+                let mut known = self.leaves_ok.lock().unwrap_or_else(|e| e.into_inner());
+                for gone in known.keys().filter(|k| !results.contains_key(*k)) {
+                    self.metrics
+                        .leaf_reachable
+                        .remove(&[("leaf", gone.clone())]);
+                }
+                *known = results;
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+}
+
+/// Whether an apiserver answers `/version` (every authenticated identity may read it).
+async fn reachable(client: &Client) -> bool {
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Serves the operations port on `listener` until `stop` fires.
+pub async fn serve(listener: TcpListener, health: Arc<Health>, stop: CancellationToken) {
+    let app = Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .route("/livez", axum::routing::get(|| async { "ok" }))
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(readyz))
+        .with_state(health);
+    let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+        stop.cancelled().await;
+    });
+    if let Err(err) = served.await {
+        tracing::warn!(%err, "metrics server stopped");
+    }
+}
+
+/// Binds `addr` for [`serve`].
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+async fn metrics(State(health): State<Arc<Health>>) -> Response {
+    health.metrics.response()
+}
+
+async fn readyz(State(health): State<Arc<Health>>) -> Response {
+    match health.not_ready() {
+        None => "ok".into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_needs_root_a_leaf_certificates_and_no_shutdown() {
+        let stop = CancellationToken::new();
+        let h = Health::new(Metrics::new(), stop.clone());
+        assert!(h.not_ready().unwrap().contains("certificate"));
+        h.certificates_loaded();
+        assert!(h.not_ready().unwrap().contains("root"));
+        h.root_ok.store(true, Ordering::Relaxed);
+        assert!(h.not_ready().unwrap().contains("leaf"));
+        h.leaves_ok
+            .lock()
+            .unwrap()
+            .extend([("a".to_string(), false), ("b".to_string(), true)]);
+        assert_eq!(h.not_ready(), None);
+        stop.cancel();
+        assert!(h.not_ready().unwrap().contains("shutting down"));
+    }
+}

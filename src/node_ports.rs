@@ -1,0 +1,130 @@
+//! One extra kubelet port per virtual node, so node-level requests can tell nodes apart.
+//!
+//! Every virtual node has relaylet's address, so a scraper that dials
+//! `https://<address>:<port>/metrics/resource` (metrics-server; the root apiserver for
+//! `nodes/{name}/proxy/...`, with `Host: <address>:<port>` and no SNI for an IP) names no node:
+//! neither the path, the Host header nor SNI says which node it means. The port can: each
+//! virtual node gets its own listener, and the node's `status.daemonEndpoints.kubeletEndpoint.Port`
+//! should name it. The listener serves the full kubelet API (exec and logs work on it too),
+//! with node-level paths answered for its node.
+//!
+//! Ports are taken from `NODE_SERVER_PORT + 1` upwards, the first free one for each node. Only
+//! the leader's ports matter (the leader's IP is the node address it writes); a new leader writes
+//! its own ports together with its address.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, RwLock};
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::leaf::Registry;
+use crate::node_server::{self, NodeServer};
+
+/// How many ports above the shared one are tried for each node.
+const PORT_SEARCH: u16 = 1000;
+
+/// Which port serves which virtual node on this replica. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct NodePorts {
+    ports: Arc<RwLock<BTreeMap<String, SocketAddr>>>,
+}
+
+impl NodePorts {
+    /// The address of `node`'s own listener, once it is bound.
+    pub fn addr_of(&self, node: &str) -> Option<SocketAddr> {
+        self.ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .copied()
+    }
+
+    /// Every node's listener.
+    pub fn all(&self) -> BTreeMap<String, SocketAddr> {
+        self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Keeps one listener per registered virtual node, following the registry, until `stop`
+    /// fires. `make` builds the server for a node; `shared` is the shared port's address.
+    pub async fn run(
+        self,
+        registry: Registry,
+        shared: SocketAddr,
+        tls: Arc<rustls::ServerConfig>,
+        make: impl Fn(String) -> Arc<NodeServer>,
+        stop: CancellationToken,
+    ) {
+        let mut leaves = registry.subscribe();
+        let mut running: HashMap<String, CancellationToken> = HashMap::new();
+        loop {
+            let nodes: Vec<String> = leaves
+                .borrow_and_update()
+                .values()
+                .map(|l| l.node_name.clone())
+                .collect();
+            running.retain(|node, token| {
+                let keep = nodes.contains(node);
+                if !keep {
+                    token.cancel();
+                    self.ports
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(node);
+                }
+                keep
+            });
+            for node in nodes {
+                if running.contains_key(&node) {
+                    continue;
+                }
+                let listener = match bind_free(shared.ip(), shared.port()).await {
+                    Ok(listener) => listener,
+                    Err(err) => {
+                        tracing::warn!(%node, %err, "no port for the node's own listener");
+                        continue;
+                    }
+                };
+                let Ok(addr) = listener.local_addr() else {
+                    continue;
+                };
+                tracing::info!(%node, %addr, "node listener up");
+                let token = stop.child_token();
+                tokio::spawn(node_server::serve(
+                    listener,
+                    tls.clone(),
+                    make(node.clone()),
+                    token.clone(),
+                ));
+                self.ports
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(node.clone(), addr);
+                running.insert(node, token);
+            }
+            tokio::select! {
+                changed = leaves.changed() => if changed.is_err() { break },
+                _ = stop.cancelled() => break,
+            }
+        }
+        for token in running.values() {
+            token.cancel();
+        }
+    }
+}
+
+/// The first free port above `base` on `ip`.
+async fn bind_free(ip: IpAddr, base: u16) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for offset in 1..=PORT_SEARCH {
+        let Some(port) = base.checked_add(offset) else {
+            break;
+        };
+        match TcpListener::bind((ip, port)).await {
+            Ok(listener) => return Ok(listener),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no port left above NODE_SERVER_PORT")))
+}

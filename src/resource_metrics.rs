@@ -1,0 +1,655 @@
+//! `/metrics/resource`, `/stats/summary` and `/pods` of one virtual node, so metrics-server (and
+//! with it `kubectl top`) sees the pods of a virtual node like any kubelet's.
+//!
+//! The numbers come from the leaf cluster's `metrics.k8s.io` PodMetrics, for exactly the pods
+//! bound to the virtual node in the root cluster (renamed leaf pods are found through the
+//! `relaylet.io/leaf-*` annotations); node totals are the sum of those pods, never of the whole
+//! leaf. Pods are labelled with their *root* namespace and name, which is what metrics-server
+//! matches against.
+//!
+//! metrics.k8s.io gives a CPU *rate* (cores averaged over a window), while the kubelet exports
+//! *cumulative* CPU seconds that metrics-server turns back into a rate. So relaylet integrates:
+//! each container's counter starts at `rate × window` and grows by `rate × Δt` whenever the leaf
+//! reports a newer sample; the node's counter grows by the sum of its containers' increments,
+//! so it never goes backwards when a pod leaves. A rate computed by metrics-server between two
+//! scrapes is then exactly the leaf's rate.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::leaf::{Leaf, Registry};
+use crate::pod_index::{LEAF_NAMESPACE_ANNOTATION, LEAF_POD_ANNOTATION};
+use crate::virtual_node::quantity::Milli;
+
+/// The Content-Type kubelets answer `/metrics/resource` with.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Why a node's stats could not be gathered.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    #[error("virtual node {0} has no registered leaf cluster")]
+    NoLeaf(String),
+    #[error("listing the pods of virtual node {node} in the root cluster: {source}")]
+    RootPods {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reading metrics.k8s.io pod metrics from leaf {leaf}: {source}")]
+    LeafMetrics {
+        leaf: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("leaf {leaf} sent unreadable pod metrics: {message}")]
+    BadMetrics { leaf: String, message: String },
+}
+
+/// One container's usage, as relaylet exports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerUsage {
+    pub name: String,
+    /// Cumulative CPU seconds (see the module comment).
+    pub cpu_seconds: f64,
+    /// The leaf's current rate, in cores.
+    pub cpu_cores: f64,
+    pub memory_bytes: u64,
+    pub start_time: Option<Timestamp>,
+}
+
+/// One root pod's usage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodUsage {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub start_time: Option<Timestamp>,
+    /// When the leaf measured it.
+    pub timestamp: Timestamp,
+    pub containers: Vec<ContainerUsage>,
+}
+
+impl PodUsage {
+    pub fn cpu_seconds(&self) -> f64 {
+        self.containers.iter().map(|c| c.cpu_seconds).sum()
+    }
+    pub fn cpu_cores(&self) -> f64 {
+        self.containers.iter().map(|c| c.cpu_cores).sum()
+    }
+    pub fn memory_bytes(&self) -> u64 {
+        self.containers.iter().map(|c| c.memory_bytes).sum()
+    }
+}
+
+/// A virtual node's usage: its pods and their sums.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeUsage {
+    pub node: String,
+    pub timestamp: Timestamp,
+    pub cpu_seconds: f64,
+    pub cpu_cores: f64,
+    pub memory_bytes: u64,
+    pub pods: Vec<PodUsage>,
+}
+
+/// The CPU counters kept between scrapes.
+#[derive(Default)]
+struct Counters {
+    /// (node, leaf namespace, leaf pod, container) -> (last sample time, cumulative seconds).
+    containers: HashMap<(String, String, String, String), (Timestamp, f64)>,
+    /// node -> cumulative seconds.
+    nodes: HashMap<String, f64>,
+}
+
+/// Builds node usage from the root's pods and the leaves' metrics. Cheap to share.
+pub struct NodeStats {
+    root: Client,
+    registry: Registry,
+    counters: Mutex<Counters>,
+}
+
+/// `metrics.k8s.io/v1beta1` PodMetrics, the fields relaylet reads.
+#[derive(Deserialize)]
+struct PodMetricsList {
+    #[serde(default)]
+    items: Vec<PodMetrics>,
+}
+
+#[derive(Deserialize)]
+struct PodMetrics {
+    metadata: MetricsMeta,
+    timestamp: String,
+    window: String,
+    #[serde(default)]
+    containers: Vec<ContainerMetrics>,
+}
+
+#[derive(Deserialize)]
+struct MetricsMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: String,
+}
+
+#[derive(Deserialize)]
+struct ContainerMetrics {
+    name: String,
+    #[serde(default)]
+    usage: BTreeMap<String, String>,
+}
+
+impl NodeStats {
+    pub fn new(root: Client, registry: Registry) -> NodeStats {
+        NodeStats {
+            root,
+            registry,
+            counters: Mutex::new(Counters::default()),
+        }
+    }
+
+    /// The root pods bound to `node`.
+    pub async fn pods(&self, node: &str) -> Result<Vec<Pod>, StatsError> {
+        let api: Api<Pod> = Api::all(self.root.clone());
+        let list = api
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(|source| StatsError::RootPods {
+                node: node.to_string(),
+                source,
+            })?;
+        Ok(list.items)
+    }
+
+    /// The usage of `node`'s pods, measured by its leaf.
+    pub async fn usage(&self, node: &str) -> Result<NodeUsage, StatsError> {
+        let leaf = self
+            .registry
+            .by_node(node)
+            .ok_or_else(|| StatsError::NoLeaf(node.to_string()))?;
+        let pods = self.pods(node).await?;
+        let metrics = leaf_pod_metrics(&leaf).await?;
+        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(counters.combine(node, &pods, metrics, Timestamp::now()))
+    }
+}
+
+impl Counters {
+    /// Joins root pods with leaf metrics and advances the CPU counters.
+    fn combine(
+        &mut self,
+        node: &str,
+        pods: &[Pod],
+        metrics: Vec<PodMetrics>,
+        now: Timestamp,
+    ) -> NodeUsage {
+        let by_leaf_name: HashMap<(String, String), PodMetrics> = metrics
+            .into_iter()
+            .map(|m| ((m.metadata.namespace.clone(), m.metadata.name.clone()), m))
+            .collect();
+        let counters = self;
+        let mut node_increment = 0.0;
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for pod in pods {
+            let (leaf_ns, leaf_name) = leaf_name_of(pod);
+            let Some(m) = by_leaf_name.get(&(leaf_ns.clone(), leaf_name.clone())) else {
+                continue;
+            };
+            let Ok(timestamp) = m.timestamp.parse::<Timestamp>() else {
+                tracing::debug!(pod = %leaf_name, "pod metrics with an unreadable timestamp");
+                continue;
+            };
+            let window = parse_go_duration(&m.window).unwrap_or(0.0);
+            let mut containers = Vec::new();
+            for c in &m.containers {
+                let cores = c
+                    .usage
+                    .get("cpu")
+                    .and_then(|q| Milli::parse(q).ok())
+                    .map(|m| m.0 as f64 / 1000.0)
+                    .unwrap_or(0.0)
+                    .max(0.0);
+                let memory = c
+                    .usage
+                    .get("memory")
+                    .and_then(|q| Milli::parse(q).ok())
+                    .map(|m| u64::try_from(m.0 / 1000).unwrap_or(0))
+                    .unwrap_or(0);
+                let key = (
+                    node.to_string(),
+                    leaf_ns.clone(),
+                    leaf_name.clone(),
+                    c.name.clone(),
+                );
+                seen.insert(key.clone());
+                let cumulative = match counters.containers.get_mut(&key) {
+                    Some((last, total)) => {
+                        if timestamp > *last {
+                            let dt = timestamp.duration_since(*last).as_secs_f64();
+                            let inc = cores * dt.max(0.0);
+                            *total += inc;
+                            node_increment += inc;
+                            *last = timestamp;
+                        }
+                        *total
+                    }
+                    None => {
+                        let first = cores * window;
+                        counters.containers.insert(key, (timestamp, first));
+                        node_increment += first;
+                        first
+                    }
+                };
+                containers.push(ContainerUsage {
+                    name: c.name.clone(),
+                    cpu_seconds: cumulative,
+                    cpu_cores: cores,
+                    memory_bytes: memory,
+                    start_time: container_start(pod, &c.name),
+                });
+            }
+            out.push(PodUsage {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: pod.metadata.name.clone().unwrap_or_default(),
+                uid: pod.metadata.uid.clone().unwrap_or_default(),
+                start_time: pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.start_time.as_ref())
+                    .map(|t| t.0),
+                timestamp,
+                containers,
+            });
+        }
+        // Containers that are gone stop being tracked (keeps the map bounded).
+        counters
+            .containers
+            .retain(|key, _| key.0 != node || seen.contains(key));
+        let node_total = counters.nodes.entry(node.to_string()).or_insert(0.0);
+        *node_total += node_increment;
+        let timestamp = out.iter().map(|p| p.timestamp).max().unwrap_or(now);
+        NodeUsage {
+            node: node.to_string(),
+            timestamp,
+            cpu_seconds: *node_total,
+            cpu_cores: out.iter().map(PodUsage::cpu_cores).sum(),
+            memory_bytes: out.iter().map(PodUsage::memory_bytes).sum(),
+            pods: out,
+        }
+    }
+}
+
+/// The leaf namespace and name of a root pod.
+fn leaf_name_of(pod: &Pod) -> (String, String) {
+    let annotations = pod.metadata.annotations.as_ref();
+    let namespace = annotations
+        .and_then(|a| a.get(LEAF_NAMESPACE_ANNOTATION))
+        .cloned()
+        .or_else(|| pod.metadata.namespace.clone())
+        .unwrap_or_default();
+    let name = annotations
+        .and_then(|a| a.get(LEAF_POD_ANNOTATION))
+        .cloned()
+        .or_else(|| pod.metadata.name.clone())
+        .unwrap_or_default();
+    (namespace, name)
+}
+
+fn container_start(pod: &Pod, container: &str) -> Option<Timestamp> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|s| s.name == container)?
+        .state
+        .as_ref()?
+        .running
+        .as_ref()?
+        .started_at
+        .as_ref()
+        .map(|t| t.0)
+}
+
+/// Every PodMetrics the leaf has (one call; filtered by the caller).
+async fn leaf_pod_metrics(leaf: &Leaf) -> Result<Vec<PodMetrics>, StatsError> {
+    let req = http::Request::get("/apis/metrics.k8s.io/v1beta1/pods")
+        .body(Vec::new())
+        .map_err(|e| StatsError::BadMetrics {
+            leaf: leaf.name.clone(),
+            message: e.to_string(),
+        })?;
+    let text = leaf
+        .client
+        .request_text(req)
+        .await
+        .map_err(|source| StatsError::LeafMetrics {
+            leaf: leaf.name.clone(),
+            source,
+        })?;
+    let list: PodMetricsList = serde_json::from_str(&text).map_err(|e| StatsError::BadMetrics {
+        leaf: leaf.name.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(list.items)
+}
+
+/// Seconds in a Go duration string (`30s`, `1m0.5s`, `150ms`), as metrics.k8s.io writes windows.
+pub fn parse_go_duration(s: &str) -> Option<f64> {
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_len == 0 {
+            return None;
+        }
+        let value: f64 = rest[..num_len].parse().ok()?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    Some(total)
+}
+
+/// Milliseconds since the epoch, the sample timestamp of the text format.
+fn millis(t: Timestamp) -> i64 {
+    t.as_millisecond()
+}
+
+/// Escapes a label value for the Prometheus text format.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// `/metrics/resource` in the kubelet's format (Prometheus text 0.0.4 with sample timestamps).
+/// `scrape_error` is set when the leaf could not be read; then only that gauge is reported.
+pub fn encode_resource_metrics(usage: Option<&NodeUsage>) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, String, i64)]| {
+        let _ = writeln!(out, "# HELP {name} [STABLE] {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value, ts) in samples {
+            let _ = writeln!(out, "{name}{labels} {value} {ts}");
+        }
+    };
+    let Some(usage) = usage else {
+        let _ = writeln!(
+            out,
+            "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics, 0 otherwise"
+        );
+        let _ = writeln!(out, "# TYPE resource_scrape_error gauge");
+        let _ = writeln!(out, "resource_scrape_error 1");
+        return out;
+    };
+    let container_labels = |p: &PodUsage, c: &ContainerUsage| {
+        format!(
+            "{{container=\"{}\",namespace=\"{}\",pod=\"{}\"}}",
+            escape(&c.name),
+            escape(&p.namespace),
+            escape(&p.name)
+        )
+    };
+    let pod_labels = |p: &PodUsage| {
+        format!(
+            "{{namespace=\"{}\",pod=\"{}\"}}",
+            escape(&p.namespace),
+            escape(&p.name)
+        )
+    };
+    let per_container = |f: &dyn Fn(&ContainerUsage) -> Option<String>| {
+        let mut v = Vec::new();
+        for p in &usage.pods {
+            for c in &p.containers {
+                if let Some(value) = f(c) {
+                    v.push((container_labels(p, c), value, millis(p.timestamp)));
+                }
+            }
+        }
+        v
+    };
+    family(
+        "container_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the container in core-seconds",
+        &per_container(&|c| Some(c.cpu_seconds.to_string())),
+    );
+    family(
+        "container_memory_working_set_bytes",
+        "gauge",
+        "Current working set of the container in bytes",
+        &per_container(&|c| Some(c.memory_bytes.to_string())),
+    );
+    family(
+        "container_start_time_seconds",
+        "gauge",
+        "Start time of the container since unix epoch in seconds",
+        &per_container(&|c| {
+            c.start_time
+                .map(|t| (t.as_millisecond() as f64 / 1000.0).to_string())
+        }),
+    );
+    let ts = millis(usage.timestamp);
+    family(
+        "node_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the node in core-seconds",
+        &[(String::new(), usage.cpu_seconds.to_string(), ts)],
+    );
+    family(
+        "node_memory_working_set_bytes",
+        "gauge",
+        "Current working set of the node in bytes",
+        &[(String::new(), usage.memory_bytes.to_string(), ts)],
+    );
+    let per_pod = |f: &dyn Fn(&PodUsage) -> String| {
+        usage
+            .pods
+            .iter()
+            .map(|p| (pod_labels(p), f(p), millis(p.timestamp)))
+            .collect::<Vec<_>>()
+    };
+    family(
+        "pod_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the pod in core-seconds",
+        &per_pod(&|p| p.cpu_seconds().to_string()),
+    );
+    family(
+        "pod_memory_working_set_bytes",
+        "gauge",
+        "Current working set of the pod in bytes",
+        &per_pod(&|p| p.memory_bytes().to_string()),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics, 0 otherwise"
+    );
+    let _ = writeln!(out, "# TYPE resource_scrape_error gauge");
+    let _ = writeln!(out, "resource_scrape_error 0");
+    out
+}
+
+/// `/stats/summary` in the kubelet's `stats/v1alpha1` Summary shape (the fields metrics-server
+/// and `kubectl top` consumers read).
+pub fn summary(usage: &NodeUsage) -> serde_json::Value {
+    let time = usage.timestamp.to_string();
+    let cpu = |cores: f64, seconds: f64, time: &str| {
+        json!({
+            "time": time,
+            "usageNanoCores": (cores * 1e9).round() as u64,
+            "usageCoreNanoSeconds": (seconds * 1e9).round() as u64,
+        })
+    };
+    let memory = |bytes: u64, time: &str| json!({ "time": time, "workingSetBytes": bytes, "usageBytes": bytes });
+    let pods: Vec<serde_json::Value> = usage
+        .pods
+        .iter()
+        .map(|p| {
+            let time = p.timestamp.to_string();
+            let containers: Vec<serde_json::Value> = p
+                .containers
+                .iter()
+                .map(|c| {
+                    json!({
+                        "name": c.name,
+                        "startTime": c.start_time.map(|t| t.to_string()),
+                        "cpu": cpu(c.cpu_cores, c.cpu_seconds, &time),
+                        "memory": memory(c.memory_bytes, &time),
+                    })
+                })
+                .collect();
+            json!({
+                "podRef": { "name": p.name, "namespace": p.namespace, "uid": p.uid },
+                "startTime": p.start_time.map(|t| t.to_string()),
+                "containers": containers,
+                "cpu": cpu(p.cpu_cores(), p.cpu_seconds(), &time),
+                "memory": memory(p.memory_bytes(), &time),
+            })
+        })
+        .collect();
+    json!({
+        "node": {
+            "nodeName": usage.node,
+            "cpu": cpu(usage.cpu_cores, usage.cpu_seconds, &time),
+            "memory": memory(usage.memory_bytes, &time),
+        },
+        "pods": pods,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("30s"), Some(30.0));
+        assert_eq!(parse_go_duration("1m0.5s"), Some(60.5));
+        assert_eq!(parse_go_duration("150ms"), Some(0.15));
+        assert_eq!(parse_go_duration("soon"), None);
+        assert_eq!(parse_go_duration(""), None);
+    }
+
+    fn root_pod(name: &str, leaf_name: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "namespace": "default", "uid": format!("uid-{name}"),
+                "annotations": leaf_name
+                    .map(|l| json!({ LEAF_POD_ANNOTATION: l }))
+                    .unwrap_or(json!({})),
+            },
+            "spec": {"nodeName": "vn", "containers": [{"name": "main"}]},
+        }))
+        .unwrap()
+    }
+
+    fn leaf_metrics(name: &str, at: &str, cpu: &str, memory: &str) -> PodMetrics {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "timestamp": at,
+            "window": "30s",
+            "containers": [{"name": "main", "usage": {"cpu": cpu, "memory": memory}}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn cpu_is_integrated_per_container_and_the_node_never_goes_back() {
+        let mut c = Counters::default();
+        let now = Timestamp::now();
+        // "b" runs in the leaf as "b-leaf"; "other" is in the leaf but not on the node.
+        let pods = vec![root_pod("a", None), root_pod("b", Some("b-leaf"))];
+        let first = c.combine(
+            "vn",
+            &pods,
+            vec![
+                leaf_metrics("a", "2026-01-01T00:00:00Z", "100m", "1Mi"),
+                leaf_metrics("b-leaf", "2026-01-01T00:00:00Z", "1", "2Mi"),
+                leaf_metrics("other", "2026-01-01T00:00:00Z", "4", "1Gi"),
+            ],
+            now,
+        );
+        assert_eq!(first.pods.len(), 2);
+        assert_eq!(first.pods[1].name, "b", "reported under the root name");
+        assert!((first.pods[0].cpu_seconds() - 3.0).abs() < 1e-9);
+        assert!((first.pods[1].cpu_seconds() - 30.0).abs() < 1e-9);
+        assert!((first.cpu_seconds - 33.0).abs() < 1e-9);
+        assert_eq!(first.memory_bytes, 3 * 1024 * 1024);
+
+        // 10 s later "a" runs at 500m; "b" is gone from the node.
+        let second = c.combine(
+            "vn",
+            &pods[..1],
+            vec![leaf_metrics("a", "2026-01-01T00:00:10Z", "500m", "1Mi")],
+            now,
+        );
+        assert!((second.pods[0].cpu_seconds() - 8.0).abs() < 1e-9);
+        assert!(
+            (second.cpu_seconds - 38.0).abs() < 1e-9,
+            "the node counter keeps b's seconds: {}",
+            second.cpu_seconds
+        );
+        assert_eq!(c.containers.len(), 1, "b's counter is dropped");
+
+        // The same sample again (or an older one) changes nothing.
+        let third = c.combine(
+            "vn",
+            &pods[..1],
+            vec![leaf_metrics("a", "2026-01-01T00:00:05Z", "900m", "1Mi")],
+            now,
+        );
+        assert!((third.pods[0].cpu_seconds() - 8.0).abs() < 1e-9);
+        assert!((third.cpu_seconds - 38.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_text_format_carries_sample_times_and_sums() {
+        let mut c = Counters::default();
+        let usage = c.combine(
+            "vn",
+            &[root_pod("a", None)],
+            vec![leaf_metrics("a", "2026-01-01T00:00:00Z", "250m", "4Ki")],
+            Timestamp::now(),
+        );
+        let text = encode_resource_metrics(Some(&usage));
+        assert!(text.contains(
+            "container_cpu_usage_seconds_total{container=\"main\",namespace=\"default\",pod=\"a\"} 7.5 1767225600000"
+        ));
+        assert!(text.contains("node_memory_working_set_bytes 4096 1767225600000"));
+        assert!(text.contains("resource_scrape_error 0"));
+        assert!(encode_resource_metrics(None).contains("resource_scrape_error 1"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

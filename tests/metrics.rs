@@ -1,0 +1,303 @@
+//! relaylet's operations surface, end to end: real kubectl sessions through the root apiserver
+//! stand-in move the Prometheus counters on `METRICS_ADDR`; every session logs a start and an
+//! end line with the right fields and never a token; `/metrics` on the kubelet port is behind
+//! `nodes/metrics` authorization; `/livez` and `/readyz` answer.
+
+mod metrics_support;
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use metrics_support::{count, histogram_count, http_get, https_get, parse, value};
+use relaylet::config::LogFormat;
+use relaylet::sandbox::Settings;
+use relaylet_sim::apiserver::auth::UserInfo;
+use support::{RT, Run, describe, env, text};
+
+const TOKEN: &str = "s3cret-token-for-the-log-test-7f3a9c";
+const TOKEN_USER: &str = "token-user";
+
+/// Every log line relaylet wrote in this test binary.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn captured() -> &'static Captured {
+    static LOG: OnceLock<Captured> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = Captured::default();
+        let writer = log.clone();
+        relaylet::telemetry::init_with_writer(LogFormat::Json, move || writer.clone());
+        log
+    })
+}
+
+fn settings() -> Settings {
+    captured();
+    Settings {
+        root_tokens: vec![(
+            TOKEN.to_string(),
+            UserInfo::new(TOKEN_USER, &["system:masters"]),
+        )],
+        ..Settings::default()
+    }
+}
+
+fn log_lines() -> Vec<serde_json::Value> {
+    let bytes = captured().0.lock().unwrap().clone();
+    text(&bytes)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn scrape() -> prometheus_parse::Scrape {
+    let e = env(settings);
+    let got = RT.block_on(http_get(e.sandbox.relaylet.metrics_addr, "/metrics"));
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(got.content_type.starts_with("application/openmetrics-text"));
+    parse(&got.body)
+}
+
+fn kubectl() -> relaylet_sim::tools::Kubectl {
+    relaylet_sim::tools::kubectl("1.35").expect("kubectl 1.35: run tests/tools/install.sh")
+}
+
+#[test]
+fn sessions_move_the_counters_and_log_one_line_at_each_end() {
+    let e = env(settings);
+    let k = kubectl();
+    let exec = [("kind", "exec"), ("leaf", "leaf-1")];
+    let logs = [("kind", "containerLogs"), ("leaf", "leaf-2")];
+    let before = scrape();
+
+    let out = Run::new(
+        &k,
+        &e.kubeconfig,
+        &[
+            "exec",
+            "demo-1",
+            "-c",
+            "main",
+            "--",
+            "sh",
+            "-c",
+            "echo relayed-bytes",
+        ],
+    )
+    .output();
+    assert_eq!(
+        text(&out.stdout),
+        "relayed-bytes\n",
+        "{}",
+        describe(&k, &out)
+    );
+    let out = Run::new(&k, &e.kubeconfig, &["logs", "demo-2", "--tail=1"]).output();
+    assert!(
+        text(&out.stdout).contains("demo-2 tick"),
+        "{}",
+        describe(&k, &out)
+    );
+
+    // The session end is recorded when relaylet's side of the splice finishes, a moment after
+    // kubectl has its answer.
+    let mut after = scrape();
+    for _ in 0..50 {
+        if count(&after, "relaylet_sessions_active", &exec) == 0.0
+            && count(&after, "relaylet_sessions_active", &logs) == 0.0
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        after = scrape();
+    }
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        count(&after, name, labels) - count(&before, name, labels)
+    };
+    let exec_total: f64 = ["completed", "client_closed"]
+        .iter()
+        .map(|r| {
+            let mut l = exec.to_vec();
+            l.push(("result", r));
+            delta("relaylet_sessions_total", &l)
+        })
+        .sum();
+    assert_eq!(exec_total, 1.0, "one exec session on leaf-1 finished");
+    for bad in ["shutdown", "idle_timeout", "rejected", "upgrade_failed"] {
+        let mut l = exec.to_vec();
+        l.push(("result", bad));
+        assert_eq!(delta("relaylet_sessions_total", &l), 0.0, "{bad}");
+    }
+    let mut l = logs.to_vec();
+    l.push(("result", "completed"));
+    assert_eq!(
+        delta("relaylet_sessions_total", &l),
+        1.0,
+        "one log session on leaf-2"
+    );
+    assert_eq!(count(&after, "relaylet_sessions_active", &exec), 0.0);
+    assert_eq!(count(&after, "relaylet_sessions_active", &logs), 0.0);
+    // "relayed-bytes\n" inside SPDY frames, plus the log line.
+    assert!(
+        delta(
+            "relaylet_relayed_bytes_total",
+            &[("direction", "to_client")]
+        ) >= 14.0
+    );
+    assert!(delta("relaylet_relayed_bytes_total", &[("direction", "to_leaf")]) > 0.0);
+    let latency = |s: &prometheus_parse::Scrape| {
+        histogram_count(s, "relaylet_upgrade_latency_seconds", &[("kind", "exec")])
+    };
+    assert_eq!(latency(&after) - latency(&before), 1);
+    assert!(
+        delta("relaylet_auth_decisions_total", &[("decision", "allowed")]) >= 2.0,
+        "both calls were authorized"
+    );
+
+    // The log: one start and one end line for the exec, with the fields an operator needs.
+    let lines = log_lines();
+    let session_lines = |event: &str| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .filter(|l| l["event"] == event && l["verb"] == "exec" && l["pod"] == "demo-1")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(session_lines("session_start").len(), 1, "{lines:#?}");
+    let ends = session_lines("session_end");
+    assert_eq!(ends.len(), 1, "{lines:#?}");
+    let end = &ends[0];
+    assert_eq!(end["namespace"], "default");
+    assert_eq!(end["container"], "main");
+    assert_eq!(end["leaf"], "leaf-1");
+    assert_eq!(end["node"], "relaylet-leaf-1");
+    assert!(
+        end["user"].as_str().is_some_and(|u| !u.is_empty()),
+        "the root apiserver's kubelet client identity: {end}"
+    );
+    assert!(
+        end["bytes_to_client"].as_u64().is_some_and(|b| b >= 14),
+        "{end}"
+    );
+    assert!(end["bytes_to_leaf"].as_u64().is_some(), "{end}");
+    assert!(end["duration_ms"].as_u64().is_some(), "{end}");
+    assert!(
+        ["completed", "client_closed"].contains(&end["result"].as_str().unwrap_or("")),
+        "{end}"
+    );
+}
+
+#[test]
+fn a_token_caller_is_logged_by_name_and_the_token_never() {
+    let e = env(settings);
+    let tls = e.sandbox.root.ca.client_config(None).expect("client TLS");
+    let auth = format!("Bearer {TOKEN}");
+    let got = RT.block_on(https_get(
+        e.sandbox.relaylet.addr,
+        tls,
+        "/containerLogs/default/demo-1/main?tailLines=1",
+        &[("authorization", auth.as_str())],
+    ));
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(got.body.contains("demo-1 tick"), "{}", got.body);
+    let mut ended = false;
+    for _ in 0..50 {
+        ended = log_lines().iter().any(|l| {
+            l["event"] == "session_end"
+                && l["user"] == TOKEN_USER
+                && l["verb"] == "containerLogs"
+                && l["pod"] == "demo-1"
+                && l["result"] == "completed"
+        });
+        if ended {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ended, "no session_end line for {TOKEN_USER}");
+    let all = text(&captured().0.lock().unwrap());
+    assert!(!all.contains(TOKEN), "the token leaked into the log");
+    assert!(!all.to_ascii_lowercase().contains("authorization"));
+}
+
+#[test]
+fn kubelet_port_metrics_need_nodes_metrics_and_health_answers() {
+    let e = env(settings);
+    let ca = &e.sandbox.root.ca;
+    let node_addr = e
+        .sandbox
+        .relaylet
+        .node_ports
+        .addr_of("relaylet-leaf-1")
+        .expect("leaf-1's node has its own port");
+    let before = scrape();
+
+    let mallory = ca.issue_client("mallory", &[]).unwrap();
+    let got = RT.block_on(https_get(
+        node_addr,
+        ca.client_config(Some(&mallory)).unwrap(),
+        "/metrics",
+        &[],
+    ));
+    assert_eq!(got.status, 403, "{}", got.body);
+    assert!(got.body.contains("nodes/metrics"), "{}", got.body);
+
+    let admin = ca.issue_client("ops-admin", &["system:masters"]).unwrap();
+    let admin_tls = ca.client_config(Some(&admin)).unwrap();
+    let got = RT.block_on(https_get(node_addr, admin_tls.clone(), "/metrics", &[]));
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert!(value(&parse(&got.body), "relaylet_leader", &[]).is_some());
+
+    // The shared port serves two virtual nodes: it cannot say whose metrics are meant.
+    let got = RT.block_on(https_get(
+        e.sandbox.relaylet.addr,
+        admin_tls,
+        "/metrics/resource",
+        &[],
+    ));
+    assert_eq!(got.status, 404, "{}", got.body);
+    assert!(got.body.contains("own kubelet port"), "{}", got.body);
+
+    let after = scrape();
+    let denied = [("decision", "denied")];
+    assert_eq!(
+        count(&after, "relaylet_auth_decisions_total", &denied)
+            - count(&before, "relaylet_auth_decisions_total", &denied),
+        1.0
+    );
+
+    let metrics = e.sandbox.relaylet.metrics_addr;
+    assert_eq!(RT.block_on(http_get(metrics, "/livez")).status, 200);
+    assert_eq!(RT.block_on(http_get(metrics, "/healthz")).status, 200);
+    let mut ready = RT.block_on(http_get(metrics, "/readyz"));
+    for _ in 0..100 {
+        if ready.status == 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        ready = RT.block_on(http_get(metrics, "/readyz"));
+    }
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    let s = scrape();
+    assert_eq!(value(&s, "relaylet_leader", &[]), Some(1.0));
+    assert_eq!(value(&s, "relaylet_root_reachable", &[]), Some(1.0));
+    assert_eq!(
+        value(&s, "relaylet_leaf_reachable", &[("leaf", "leaf-1")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&s, "relaylet_leaf_reachable", &[("leaf", "leaf-2")]),
+        Some(1.0)
+    );
+}
