@@ -131,12 +131,15 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         &shutdown,
         health.clone().probe(root.clone(), registry.clone()),
     );
+    let node_ports = node_ports::NodePorts::default();
     let controller = Arc::new(virtual_node::Controller {
         config: config.clone(),
         root: root.clone(),
         registry: registry.clone(),
         pods: pods.clone(),
         leadership: leadership.clone(),
+        node_ports: node_ports.clone(),
+        metrics: metrics.clone(),
     });
     spawn_until(&shutdown, controller.run());
 
@@ -189,7 +192,6 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
             })
         }
     };
-    let node_ports = node_ports::NodePorts::default();
     tracing::info!(%addr, auth = ?config.auth_mode, "node server listening");
     let shared = make_server(None);
     tokio::spawn(node_ports.clone().run(

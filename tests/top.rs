@@ -8,7 +8,7 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{DaemonEndpoint, Node, NodeDaemonEndpoints};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use metrics_support::{Got, https_get, parse, value};
 use relaylet::sandbox::Settings;
@@ -252,30 +252,30 @@ fn each_virtual_node_reports_exactly_its_pods() {
 }
 
 /// The path metrics-server and operators take: the root apiserver's
-/// `nodes/{name}/proxy/metrics/resource`, dialled at the Node's `daemonEndpoints` port.
-///
-/// The virtual node controller does not write each node's own port there yet (see
-/// docs/observability.md), so this test points relaylet-leaf-2's Node at its own port itself,
-/// standing in for that controller change; the controller rewrites status only when its own
-/// desired status changes or after 60 s, well after this test.
+/// `nodes/{name}/proxy/metrics/resource`, dialled at the Node's `daemonEndpoints` port, which
+/// the virtual node controller sets to the node's own kubelet listener.
 fn through_the_root_apiserver(t0: Timestamp) {
     let e = env(settings);
     let node = "relaylet-leaf-2";
     let own = e.sandbox.relaylet.node_ports.addr_of(node).unwrap();
     let store = e.sandbox.root.api.store();
-    for attempt in 0.. {
-        let mut n: Node = store.get_typed("", node).unwrap();
-        if let Some(status) = n.status.as_mut() {
-            status.daemon_endpoints = Some(NodeDaemonEndpoints {
-                kubelet_endpoint: Some(DaemonEndpoint {
-                    port: i32::from(own.port()),
-                }),
-            });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let n: Node = store.get_typed("", node).unwrap();
+        let port = n
+            .status
+            .and_then(|s| s.daemon_endpoints)
+            .and_then(|d| d.kubelet_endpoint)
+            .map(|k| k.port);
+        if port == Some(i32::from(own.port())) {
+            break;
         }
-        match store.update_typed(&n) {
-            Ok(_) => break,
-            Err(err) => assert!(attempt < 10, "updating the Node: {err:?}"),
-        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller writes the node's own port {} into daemonEndpoints, got {port:?}",
+            own.port()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let k = relaylet_sim::tools::kubectl("1.35").expect("kubectl 1.35");
     let raw = |path: &str| {

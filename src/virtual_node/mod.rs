@@ -31,6 +31,8 @@ use tracing::Instrument;
 use crate::config::Config;
 use crate::leader::Leadership;
 use crate::leaf::{Leaf, Registry};
+use crate::metrics::Metrics;
+use crate::node_ports::NodePorts;
 use crate::pod_index::PodIndex;
 use desired::Health;
 use leaf_watch::LeafWatch;
@@ -59,6 +61,9 @@ pub struct Controller {
     pub registry: Registry,
     pub pods: PodIndex,
     pub leadership: Leadership,
+    /// Each virtual node's own kubelet port on this replica (written into the Node).
+    pub node_ports: NodePorts,
+    pub metrics: Metrics,
 }
 
 impl Controller {
@@ -243,7 +248,14 @@ impl Controller {
             )),
             daemon_endpoints: Some(NodeDaemonEndpoints {
                 kubelet_endpoint: Some(DaemonEndpoint {
-                    port: i32::from(self.config.node_server_port),
+                    // The node's own listener, so node-level calls (metrics, stats) can tell
+                    // virtual nodes apart; the shared port until it is bound.
+                    port: i32::from(
+                        self.node_ports
+                            .addr_of(&leaf.node_name)
+                            .map(|a| a.port())
+                            .unwrap_or(self.config.node_server_port),
+                    ),
                 }),
             }),
             node_info: Some(info),
@@ -264,7 +276,8 @@ impl Controller {
                     &patch_params(),
                     &Patch::Merge(json!({ "status": status })),
                 )
-                .await?;
+                .await
+                .inspect_err(|_| self.metrics.node_write_error("node"))?;
             tracing::debug!(node = %leaf.node_name, "node status written");
             state.written = Some((status, Instant::now()));
         }
@@ -276,7 +289,8 @@ impl Controller {
                 return Ok(());
             }
             self.renew_lease(&leaf.node_name, state.node_uid.as_deref())
-                .await?;
+                .await
+                .inspect_err(|_| self.metrics.node_write_error("lease"))?;
             state.lease_renewed = Some(tick);
         }
         Ok(())
