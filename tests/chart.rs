@@ -720,16 +720,47 @@ fn check_invariants(r: &Rendered, set: &str) {
             .is_some_and(|a| a.ends_with(&format!(":{metrics_port}"))),
         "{set}"
     );
-    for probe in [&c.readiness_probe, &c.liveness_probe] {
-        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
-        assert_eq!(get.path.as_deref(), Some("/healthz"), "{set}");
-        assert_eq!(
-            get.port,
-            IntOrString::String("kubelet".to_string()),
-            "{set}"
-        );
-        assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{set}");
-    }
+    // Liveness on the kubelet port's unauthenticated /healthz; readiness on the metrics port's
+    // /readyz, which also turns false while shutting down.
+    let get = c
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(get.path.as_deref(), Some("/healthz"), "{set}");
+    assert_eq!(
+        get.port,
+        IntOrString::String("kubelet".to_string()),
+        "{set}"
+    );
+    assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{set}");
+    let get = c
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(get.path.as_deref(), Some("/readyz"), "{set}");
+    assert_eq!(
+        get.port,
+        IntOrString::String("metrics".to_string()),
+        "{set}"
+    );
+    assert_eq!(get.scheme.as_deref(), Some("HTTP"), "{set}");
+    // relaylet drains sessions before the kubelet kills the pod.
+    let grace: u64 = r
+        .env_value("SHUTDOWN_GRACE_PERIOD")
+        .and_then(|g| g.strip_suffix('s'))
+        .and_then(|g| g.parse().ok())
+        .unwrap_or_else(|| panic!("{set}: SHUTDOWN_GRACE_PERIOD in seconds"));
+    let termination = pod.termination_grace_period_seconds.unwrap_or(30) as u64;
+    assert!(
+        grace < termination,
+        "{set}: grace {grace}s < termination {termination}s"
+    );
 
     // Mounts and volumes match; every file relaylet is told to read is in a mounted volume.
     let volumes: BTreeMap<String, &k8s_openapi::api::core::v1::Volume> = pod
@@ -823,7 +854,13 @@ fn check_invariants(r: &Rendered, set: &str) {
             for port in rule.ports.iter().flatten() {
                 match &port.port {
                     Some(IntOrString::String(name)) => assert!(port_names.contains(name)),
-                    other => panic!("{set}: NetworkPolicy names ports, not {other:?}"),
+                    // A numbered port only as the start of the kubelet port range (endPort
+                    // cannot go with a named port).
+                    Some(IntOrString::Int(number)) => {
+                        assert_eq!(*number, r.container_port("kubelet"), "{set}");
+                        assert!(port.end_port.is_some(), "{set}: a range");
+                    }
+                    None => panic!("{set}: NetworkPolicy rules name their ports"),
                 }
             }
         }
@@ -1132,23 +1169,23 @@ fn network_policy_opens_the_kubelet_port_to_the_control_plane_only() {
     let spec = r.network_policies[0].spec.as_ref().unwrap();
     assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
     let rules = spec.ingress.as_ref().unwrap();
-    let rule_for = |port: &str| {
+    let rule_for = |port: IntOrString| {
         rules
             .iter()
             .find(|rule| {
                 rule.ports
                     .iter()
                     .flatten()
-                    .any(|p| p.port == Some(IntOrString::String(port.to_string())))
+                    .any(|p| p.port == Some(port.clone()))
             })
-            .unwrap_or_else(|| panic!("a rule for port {port}"))
+            .unwrap_or_else(|| panic!("a rule for port {port:?}"))
     };
-    let kubelet = rule_for("kubelet");
-    assert_eq!(
-        kubelet.ports.as_ref().unwrap().len(),
-        1,
-        "only the kubelet port"
-    );
+    // The kubelet port and the per-virtual-node ports above it, as one range.
+    let kubelet_port = r.container_port("kubelet");
+    let kubelet = rule_for(IntOrString::Int(kubelet_port));
+    let ports = kubelet.ports.as_ref().unwrap();
+    assert_eq!(ports.len(), 1, "only the kubelet ports");
+    assert_eq!(ports[0].end_port, Some(kubelet_port + 1000));
     let from = kubelet
         .from
         .as_ref()
@@ -1175,7 +1212,7 @@ fn network_policy_opens_the_kubelet_port_to_the_control_plane_only() {
                 .any(|p| serde_json::to_value(p).unwrap() == *peer)
         );
     }
-    let metrics = rule_for("metrics");
+    let metrics = rule_for(IntOrString::String("metrics".to_string()));
     let metrics_from: Vec<Value> = metrics
         .from
         .iter()
