@@ -222,6 +222,8 @@ impl Replica {
         let mut env: BTreeMap<String, String> = BTreeMap::from([
             ("LEAF_NODE_IP".into(), ip.into()),
             ("NODE_SERVER_PORT".into(), port.to_string()),
+            // Each replica's own operations port (the default 0.0.0.0:9090 would collide).
+            ("METRICS_ADDR".into(), format!("{ip}:0")),
             ("AUTH_MODE".into(), "webhook".into()),
             ("POD_NAME".into(), pod_name.into()),
             ("POD_NAMESPACE".into(), NAMESPACE.into()),
@@ -334,11 +336,31 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
             [("InternalDNS", "127.0.0.1"), ("InternalIP", "10.0.0.1")]
                 .map(|(t, a)| (t.to_string(), a.to_string()))
         );
+        // The kubelet port written is the node's own listener (above the shared port), so
+        // node-level calls can tell virtual nodes apart; until it is bound, the shared port.
         let port_written = status
             .daemon_endpoints
             .and_then(|d| d.kubelet_endpoint)
-            .map(|e| e.port);
-        assert_eq!(port_written, Some(i32::from(port)));
+            .map(|e| e.port)
+            .expect("a kubelet port");
+        assert!(
+            (i32::from(port)..=i32::from(port) + 1000).contains(&port_written),
+            "{port_written}"
+        );
+        let (own, _) = wait_for("the node's own port", Duration::from_secs(5), || {
+            replica.running.node_ports.addr_of(NODE)
+        })
+        .await;
+        wait_for(
+            "the Node names its own port",
+            Duration::from_secs(5),
+            || {
+                node_of(&store)
+                    .and_then(|n| n.status?.daemon_endpoints?.kubelet_endpoint)
+                    .filter(|e| e.port == i32::from(own.port()))
+            },
+        )
+        .await;
         let labels = node.metadata.labels.clone().unwrap_or_default();
         assert_eq!(
             labels.get("relaylet.io/leaf-cluster").map(String::as_str),
