@@ -35,7 +35,11 @@ fn echo_pod() -> SimPod {
 
 fn settings() -> Settings {
     Settings {
-        pods: vec![("leaf-2".into(), echo_pod())],
+        pods: vec![
+            ("leaf-2".into(), echo_pod()),
+            // Restarted by the `--previous` test; nothing else uses it.
+            ("leaf-1".into(), relaylet::sandbox::demo_pod("restarts")),
+        ],
         ..Settings::default()
     }
 }
@@ -267,7 +271,7 @@ fn port_forward_carries_http_to_the_pod() {
     let e = env(settings);
     for k in kubectls() {
         for ws_off in [false, true] {
-            let mut r = Run::new(&k, &e.kubeconfig, &["port-forward", "pod/demo-1", ":8080"]);
+            let mut r = Run::new(&k, &e.kubeconfig, &["port-forward", "pod/demo-2", ":8080"]);
             if ws_off {
                 r.env
                     .push(("KUBECTL_PORT_FORWARD_WEBSOCKETS".into(), "false".into()));
@@ -296,7 +300,7 @@ fn port_forward_carries_http_to_the_pod() {
                 let body = http_get(port);
                 assert_eq!(
                     body.as_deref(),
-                    Some("hello from demo-1\n"),
+                    Some("hello from demo-2\n"),
                     "kubectl {} ws_off={ws_off} attempt {attempt}",
                     k.version
                 );
@@ -392,11 +396,12 @@ fn logs_with_every_option() {
     }
 }
 
+/// Restarts the container of its own pod, `restarts`, so no other test sees the restart.
 #[test]
 fn logs_previous_shows_the_last_instance() {
     let e = env(settings);
     let k = &kubectls()[2];
-    let out = Run::new(k, &e.kubeconfig, &["logs", "--previous", "demo-1"]).output();
+    let out = Run::new(k, &e.kubeconfig, &["logs", "--previous", "restarts"]).output();
     assert!(
         !out.status.success(),
         "no previous instance yet: {}",
@@ -413,13 +418,13 @@ fn logs_previous_shows_the_last_instance() {
         .block_on(
             leaf.kubelet("leaf-1-node")
                 .unwrap()
-                .restart_container("default", "demo-1", "main"),
+                .restart_container("default", "restarts", "main"),
         )
         .expect("restart");
-    let out = Run::new(k, &e.kubeconfig, &["logs", "--previous", "demo-1"]).output();
+    let out = Run::new(k, &e.kubeconfig, &["logs", "--previous", "restarts"]).output();
     assert!(out.status.success(), "{}", describe(k, &out));
     assert!(
-        text(&out.stdout).contains("demo-1 tick 0\n"),
+        text(&out.stdout).contains("restarts tick 0\n"),
         "{}",
         describe(k, &out)
     );
