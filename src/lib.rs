@@ -189,6 +189,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
                 metrics: metrics.clone(),
                 stats: stats.clone(),
                 node,
+                node_name_prefix: config.node_name_prefix.clone(),
             })
         }
     };

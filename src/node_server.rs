@@ -58,6 +58,8 @@ pub struct NodeServer {
     /// The virtual node this listener is dedicated to (see `node_ports.rs`); `None` on the
     /// shared port, which serves every virtual node's pods.
     pub node: Option<String>,
+    /// `NODE_NAME_PREFIX`: a pod on a node with this prefix but no leaf has lost its leaf.
+    pub node_name_prefix: String,
 }
 
 impl NodeServer {
@@ -241,6 +243,17 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
     };
     let route = match server.pods.route(&kreq.namespace, &kreq.pod).await {
         Ok(route) => route,
+        Err(RouteError::NotOnVirtualNode { node, .. })
+            if !server.node_name_prefix.is_empty()
+                && node.starts_with(&server.node_name_prefix) =>
+        {
+            return status::response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "virtual node {node} has no registered leaf cluster: its leaf Secret is missing or invalid (see relaylet's log)"
+                ),
+            );
+        }
         Err(err @ (RouteError::NotFound { .. } | RouteError::NotOnVirtualNode { .. })) => {
             return status::response(StatusCode::NOT_FOUND, err.to_string());
         }

@@ -1,0 +1,176 @@
+//! Failures a user must understand: a cut relaylet makes itself (idle timeout) reads as an error,
+//! never as success, to a SPDY client that sends no pings; an unreachable leaf is a 502 naming
+//! the leaf; a pod whose virtual node lost its leaf is a 503 naming the node.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use relaylet::sandbox::Settings;
+use relaylet_sim::spdy::{Connection, Stream, upgrade_client};
+use support::{RT, Run, describe, env, text};
+use tokio::io::AsyncReadExt;
+
+fn settings() -> Settings {
+    Settings {
+        env: BTreeMap::from([("STREAM_IDLE_TIMEOUT".to_string(), "2s".to_string())]),
+        ..Settings::default()
+    }
+}
+
+/// Opens a SPDY exec to relaylet's kubelet API as the root apiserver would (its kubelet client
+/// certificate), offering v4 like client-go.
+async fn spdy_exec(e: &support::Env, query: &str) -> (Connection, Stream, Stream) {
+    let id = e
+        .sandbox
+        .root
+        .ca
+        .issue_client("kube-apiserver-kubelet-client", &["system:masters"])
+        .unwrap();
+    let tls = relaylet_sim::tls::client_config(e.sandbox.root.ca.root_store(), Some(&id)).unwrap();
+    let url = format!(
+        "https://{}/exec/default/demo-1/main?{query}",
+        e.sandbox.relaylet.addr
+    );
+    let (proto, conn, _incoming) = upgrade_client(&url, tls, &["v4.channel.k8s.io"], &[])
+        .await
+        .expect("upgrade");
+    assert_eq!(proto, "v4.channel.k8s.io");
+    let error = conn
+        .open_stream(vec![("streamType".into(), "error".into())])
+        .await
+        .unwrap();
+    let stdout = conn
+        .open_stream(vec![("streamType".into(), "stdout".into())])
+        .await
+        .unwrap();
+    (conn, error, stdout)
+}
+
+#[test]
+fn an_idle_cut_is_an_error_not_a_success() {
+    let e = env(settings);
+    RT.block_on(async {
+        // A command that would print after 30 s: nothing moves for the 2 s idle timeout.
+        let (_conn, mut error, mut stdout) = spdy_exec(
+            e,
+            "command=sh&command=-c&command=sleep+30%3B+echo+late&output=1",
+        )
+        .await;
+        let started = Instant::now();
+        let mut status = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(20), error.read_to_end(&mut status)).await;
+        let cut_after = started.elapsed();
+        let mut out = Vec::new();
+        let _ = stdout.read_to_end(&mut out).await;
+        // client-go's rule: an exit Status on the error stream, or a clean end of it (exit 0).
+        // A cut must be neither: the read fails (the connection was reset).
+        assert!(
+            matches!(read, Ok(Err(_))),
+            "the error stream must fail, not end cleanly: {read:?} with status {:?}",
+            String::from_utf8_lossy(&status)
+        );
+        assert!(status.is_empty(), "no Status was invented");
+        assert!(out.is_empty());
+        assert!(
+            cut_after >= Duration::from_millis(1500) && cut_after < Duration::from_secs(10),
+            "cut after {cut_after:?} for a 2 s idle timeout"
+        );
+    });
+}
+
+#[test]
+fn a_busy_stream_is_not_idle() {
+    let e = env(settings);
+    RT.block_on(async {
+        // Output every 0.5 s for 4 s: longer than the idle timeout, never idle for it.
+        let (_conn, mut error, mut stdout) = spdy_exec(
+            e,
+            "command=sh&command=-c&command=for+i+in+1+2+3+4+5+6+7+8%3B+do+echo+%24i%3B+sleep+0.5%3B+done&output=1",
+        )
+        .await;
+        let mut status = Vec::new();
+        let mut out = Vec::new();
+        let (a, b) = tokio::join!(error.read_to_end(&mut status), stdout.read_to_end(&mut out));
+        a.unwrap();
+        b.unwrap();
+        assert_eq!(String::from_utf8_lossy(&out), "1\n2\n3\n4\n5\n6\n7\n8\n");
+        assert!(String::from_utf8_lossy(&status).contains("Success"));
+    });
+}
+
+#[test]
+fn an_unreachable_leaf_is_a_502_naming_it_and_a_lost_leaf_a_503_naming_the_node() {
+    let e = env(settings);
+    let k = relaylet_sim::tools::kubectl("1.35").unwrap();
+    // Runs after the other tests of this binary are past their sessions on leaf-1: it only
+    // touches leaf-2.
+    e.sandbox.leaves["leaf-2"].api.stop();
+    let out = Run::new(&k, &e.kubeconfig, &["exec", "demo-2", "--", "true"]).output();
+    assert!(!out.status.success(), "{}", describe(&k, &out));
+    assert!(
+        text(&out.stderr).contains("leaf cluster leaf-2 is unreachable"),
+        "{}",
+        describe(&k, &out)
+    );
+    let out = Run::new(&k, &e.kubeconfig, &["logs", "demo-2"]).output();
+    assert!(
+        text(&out.stderr).contains("leaf cluster leaf-2 is unreachable"),
+        "{}",
+        describe(&k, &out)
+    );
+
+    // The leaf's Secret goes: the pod's virtual node has no leaf any more. (The controller then
+    // deletes the Node, so the root apiserver stops calling; a direct call still gets a clear
+    // answer.)
+    let store = e.sandbox.root.api.store();
+    store
+        .delete_typed::<k8s_openapi::api::core::v1::Secret>(
+            relaylet::sandbox::RELAYLET_NAMESPACE,
+            "leaf-leaf-2",
+        )
+        .expect("delete the leaf Secret");
+    RT.block_on(async {
+        let kubeconfig = e
+            .sandbox
+            .root
+            .kubeconfig(
+                relaylet_sim::cluster::APISERVER_KUBELET_CLIENT,
+                &["system:masters"],
+            )
+            .unwrap()
+            .replace(
+                &e.sandbox.root.api.url(),
+                &format!("https://{}", e.sandbox.relaylet.addr),
+            );
+        // No client-side retries: kube's default policy would retry the 503 for minutes.
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let request = http::Request::get("/containerLogs/default/demo-2/main")
+                .body(Vec::new())
+                .unwrap();
+            match client.request_text(request).await {
+                Err(kube::Error::Api(status))
+                    if status.code == 503 && status.message.contains("relaylet-leaf-2") =>
+                {
+                    assert!(
+                        status.message.contains("no registered leaf"),
+                        "{}",
+                        status.message
+                    );
+                    break;
+                }
+                other => assert!(Instant::now() < deadline, "{other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
