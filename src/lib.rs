@@ -5,6 +5,8 @@
 //! call to that cluster's apiserver, splicing the streams. See DESIGN in the repository README.
 
 pub mod auth;
+#[cfg(feature = "sim")]
+pub mod bench;
 pub mod config;
 pub mod kubelet_request;
 pub mod leader;
