@@ -348,6 +348,11 @@ async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Resu
                     idle.rss_growth_after_close_kib,
                 ),
                 ("after_close_fd_growth", "fds", idle.fd_growth_after_close),
+                (
+                    "second_cycle_rss_growth",
+                    "KiB",
+                    idle.rss_growth_second_cycle_kib,
+                ),
             ] {
                 emit(
                     &mut figures,
@@ -373,6 +378,9 @@ struct IdleResult {
     per_session_kib: f64,
     rss_growth_after_close_kib: f64,
     fd_growth_after_close: f64,
+    /// RSS after a second open-and-close cycle minus RSS after the first: near zero when the
+    /// memory kept after the first close is reused (allocator retention), positive if it leaks.
+    rss_growth_second_cycle_kib: f64,
 }
 
 /// How many sessions are opened at once while building up the idle set.
@@ -380,20 +388,28 @@ const OPEN_CONCURRENCY: usize = 32;
 /// Time given to relaylet to settle after the sessions open or close.
 const SETTLE: Duration = Duration::from_secs(2);
 
-async fn idle_sessions(stack: &Stack, count: usize) -> anyhow::Result<IdleResult> {
-    let pid = stack.relaylet.pid;
-    tokio::time::sleep(SETTLE).await;
-    let rss_before = procfs::rss_kib(pid)?;
-    let fds_before = procfs::fd_count(pid)?;
+/// Opens `count` idle sessions through relaylet to the hold leaf, all at once held open.
+async fn open_sessions(
+    stack: &Stack,
+    count: usize,
+) -> anyhow::Result<Vec<hyper::upgrade::Upgraded>> {
     let target = stack.target(Route::Relayed);
-    let sessions: Vec<_> = futures::stream::iter(0..count)
+    futures::stream::iter(0..count)
         .map(|_| client::open_idle(target, &stack.hold_pod))
         .buffer_unordered(OPEN_CONCURRENCY)
         .collect::<Vec<_>>()
         .await
         .into_iter()
         .collect::<anyhow::Result<_>>()
-        .context("opening idle sessions")?;
+        .context("opening idle sessions")
+}
+
+async fn idle_sessions(stack: &Stack, count: usize) -> anyhow::Result<IdleResult> {
+    let pid = stack.relaylet.pid;
+    tokio::time::sleep(SETTLE).await;
+    let rss_before = procfs::rss_kib(pid)?;
+    let fds_before = procfs::fd_count(pid)?;
+    let sessions = open_sessions(stack, count).await?;
     tokio::time::sleep(SETTLE).await;
     let rss_open = procfs::rss_kib(pid)?;
     let fds_open = procfs::fd_count(pid)?;
@@ -405,9 +421,13 @@ async fn idle_sessions(stack: &Stack, count: usize) -> anyhow::Result<IdleResult
     tokio::time::sleep(SETTLE).await;
     let rss_after = procfs::rss_kib(pid)?;
     let fds_after = procfs::fd_count(pid)?;
+    drop(open_sessions(stack, count).await?);
+    tokio::time::sleep(SETTLE).await;
+    let rss_after_second = procfs::rss_kib(pid)?;
     Ok(IdleResult {
         per_session_kib: (rss_open as f64 - rss_before as f64) / count as f64,
         rss_growth_after_close_kib: rss_after as f64 - rss_before as f64,
         fd_growth_after_close: fds_after as f64 - fds_before as f64,
+        rss_growth_second_cycle_kib: rss_after_second as f64 - rss_after as f64,
     })
 }

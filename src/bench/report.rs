@@ -83,7 +83,7 @@ pub fn median(samples: &[f64]) -> Option<f64> {
     }
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
-    Some(if sorted.len() % 2 == 0 {
+    Some(if sorted.len().is_multiple_of(2) {
         (sorted[mid - 1] + sorted[mid]) / 2.0
     } else {
         sorted[mid]
@@ -180,7 +180,11 @@ pub fn targets(figures: &[Figure]) -> Vec<String> {
             verdict(f.relayed.map(|v| v <= 48.0))
         ));
     }
-    for name in ["after_close_fd_growth", "after_close_rss_growth"] {
+    for name in [
+        "after_close_fd_growth",
+        "after_close_rss_growth",
+        "second_cycle_rss_growth",
+    ] {
         if let Some(f) = find(name) {
             lines.push(format!(
                 "{name}: {} {} (target: no growth): {}",
