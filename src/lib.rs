@@ -11,6 +11,7 @@ pub mod config;
 pub mod kubelet_request;
 pub mod leader;
 pub mod leaf;
+pub mod memory;
 pub mod node_server;
 pub mod pod_index;
 pub mod relay;

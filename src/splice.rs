@@ -155,6 +155,8 @@ where
             .abort();
         }
     }
+    // The session's buffers and connections are freed when this returns; the trim runs later.
+    crate::memory::session_ended();
     outcome
 }
 

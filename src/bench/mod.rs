@@ -385,8 +385,11 @@ struct IdleResult {
 
 /// How many sessions are opened at once while building up the idle set.
 const OPEN_CONCURRENCY: usize = 32;
-/// Time given to relaylet to settle after the sessions open or close.
+/// Time given to relaylet to settle after the sessions open.
 const SETTLE: Duration = Duration::from_secs(2);
+/// Time given to relaylet after the sessions close: closing thousands takes a second or two,
+/// and relaylet returns freed memory a second after the last one ends (`src/memory.rs`).
+const SETTLE_AFTER_CLOSE: Duration = Duration::from_secs(5);
 
 /// Opens `count` idle sessions through relaylet to the hold leaf, all at once held open.
 async fn open_sessions(
@@ -418,11 +421,11 @@ async fn idle_sessions(stack: &Stack, count: usize) -> anyhow::Result<IdleResult
         "relaylet holds {fds_open} fds with {count} sessions open (from {fds_before}): sessions are not all open"
     );
     drop(sessions);
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(SETTLE_AFTER_CLOSE).await;
     let rss_after = procfs::rss_kib(pid)?;
     let fds_after = procfs::fd_count(pid)?;
     drop(open_sessions(stack, count).await?);
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(SETTLE_AFTER_CLOSE).await;
     let rss_after_second = procfs::rss_kib(pid)?;
     Ok(IdleResult {
         per_session_kib: (rss_open as f64 - rss_before as f64) / count as f64,
