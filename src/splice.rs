@@ -78,6 +78,8 @@ pub async fn splice<L>(
 where
     L: AsyncRead + AsyncWrite + Unpin,
 {
+    // Counted until this future ends or is dropped; see `memory` for why.
+    let _session = crate::memory::Session::start();
     let start = Instant::now();
     let last_activity = Arc::new(AtomicU64::new(0));
     let to_leaf = AtomicU64::new(0);
@@ -155,8 +157,6 @@ where
             .abort();
         }
     }
-    // The session's buffers and connections are freed when this returns; the trim runs later.
-    crate::memory::session_ended();
     outcome
 }
 
