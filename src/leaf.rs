@@ -20,6 +20,28 @@ use tokio::sync::watch;
 
 use crate::config::{Config, check_dns_label};
 
+/// The client for relayed streams: the same TLS settings, credentials and headers as
+/// `Client::try_from(config)`, but its TCP connections set `TCP_NODELAY`. kube's own connector
+/// leaves Nagle's algorithm on, which holds back an interactive session's small TLS records
+/// until the previous one is acknowledged (measured by `relaylet bench`: p99 keystroke round
+/// trips of ~1.7 ms instead of ~0.15 ms).
+fn stream_client(config: &kube::Config) -> Result<Client, kube::Error> {
+    use kube::client::ConfigExt;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, kube::client::Body>(https);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(hyper);
+    Ok(Client::new(service, config.default_namespace.clone()))
+}
+
 /// Annotation on a leaf Secret that overrides its virtual node's name.
 pub const NODE_NAME_ANNOTATION: &str = "relaylet.io/node-name";
 /// The Secret key holding the kubeconfig.
@@ -97,7 +119,7 @@ impl Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
             client: Client::try_from(config).map_err(client_err)?,
-            stream_client: Client::try_from(stream_config).map_err(client_err)?,
+            stream_client: stream_client(&stream_config).map_err(client_err)?,
             node_labels: BTreeMap::new(),
             node_taints: None,
         })

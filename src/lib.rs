@@ -5,6 +5,8 @@
 //! call to that cluster's apiserver, splicing the streams. See DESIGN in the repository README.
 
 pub mod auth;
+#[cfg(feature = "sim")]
+pub mod bench;
 pub mod client_ca;
 pub mod config;
 pub mod health;
@@ -12,6 +14,7 @@ pub mod kubelet_request;
 pub mod leader;
 pub mod leaf;
 pub mod limits;
+pub mod memory;
 pub mod metrics;
 pub mod node_ports;
 pub mod node_server;

@@ -14,15 +14,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Bytes per read. One TLS record carries at most 16 KiB of plaintext.
+/// Bytes per read while data is flowing. One TLS record carries at most 16 KiB of plaintext.
 const BUF_SIZE: usize = 16 * 1024;
+/// Bytes per read while a direction is idle: enough for keystrokes and small protocol frames
+/// (SPDY pings, window updates), small enough that thousands of idle sessions cost little.
+/// The flowing-data buffer is allocated only when a read fills this one, and released as soon
+/// as the reader has nothing more ready.
+const IDLE_BUF_SIZE: usize = 512;
 
 /// The caller's side: the TLS connection the root apiserver opened, plus any bytes it sent
 /// right after the upgrade request that the HTTP server had already read.
@@ -40,15 +46,6 @@ impl ClientSide {
         }
         drop(tcp);
     }
-}
-
-/// relaylet-wide byte counters the splice adds to as bytes move (one relaxed atomic add per
-/// chunk, next to the session's own count), so long sessions show up in the metrics while they
-/// run, not only when they end.
-#[derive(Clone, Debug, Default)]
-pub struct Meter {
-    pub to_leaf: Counter,
-    pub to_client: Counter,
 }
 
 /// How a splice ended.
@@ -72,6 +69,22 @@ pub struct Outcome {
     pub end: End,
 }
 
+/// relaylet-wide byte counters the splice adds to as bytes move (one relaxed atomic add per
+/// chunk, next to the session's own count), so long sessions show up in the metrics while they
+/// run, not only when they end.
+#[derive(Clone, Debug, Default)]
+pub struct Meter {
+    pub to_leaf: Counter,
+    pub to_client: Counter,
+}
+
+/// Where one direction's bytes are counted: the session's own total and relaylet's.
+#[derive(Clone, Copy)]
+struct Counted<'a> {
+    session: &'a AtomicU64,
+    total: &'a Counter,
+}
+
 /// Splices `client` and `leaf` until one side ends; see the module comment for the rules.
 pub async fn splice<L>(
     client: ClientSide,
@@ -83,6 +96,8 @@ pub async fn splice<L>(
 where
     L: AsyncRead + AsyncWrite + Unpin,
 {
+    // Counted until this future ends or is dropped; see `memory` for why.
+    let _session = crate::memory::Session::start();
     let start = Instant::now();
     let last_activity = Arc::new(AtomicU64::new(0));
     let to_leaf = AtomicU64::new(0);
@@ -101,11 +116,16 @@ where
                 to_leaf.fetch_add(read_ahead.len() as u64, Ordering::Relaxed);
                 meter.to_leaf.inc_by(read_ahead.len() as u64);
             }
+            // Even when empty it may share the HTTP server's read buffer: let it go now, not
+            // when the session ends.
+            drop(read_ahead);
             copy(
                 &mut client_read,
                 &mut leaf_write,
-                &to_leaf,
-                &meter.to_leaf,
+                Counted {
+                    session: &to_leaf,
+                    total: &meter.to_leaf,
+                },
                 &last_activity,
                 start,
             )
@@ -114,8 +134,10 @@ where
         let downstream = copy(
             &mut leaf_read,
             &mut client_write,
-            &to_client,
-            &meter.to_client,
+            Counted {
+                session: &to_client,
+                total: &meter.to_client,
+            },
             &last_activity,
             start,
         );
@@ -165,11 +187,16 @@ where
 
 /// Copies until EOF; each chunk is flushed at once (interactive shells need every keystroke).
 /// On EOF the writer is shut down so the other side sees the end.
+///
+/// Memory: an idle direction waits with a small inline buffer. A read that fills it means data
+/// is flowing: a [`BUF_SIZE`] buffer is taken, topped up with whatever is already readable
+/// (one write per TLS record, not per small read), and kept while reads keep completing without
+/// waiting; the first time the reader has nothing ready it is freed. Reads into it go into
+/// uninitialised capacity (`read_buf`), so taking it costs an allocation, not a memset.
 async fn copy<R, W>(
     reader: &mut R,
     writer: &mut W,
-    counter: &AtomicU64,
-    total: &Counter,
+    counter: Counted<'_>,
     last_activity: &AtomicU64,
     start: Instant,
 ) -> io::Result<()>
@@ -177,19 +204,72 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; BUF_SIZE];
+    let mut small = [0u8; IDLE_BUF_SIZE];
     loop {
-        let n = reader.read(&mut buf).await?;
+        let n = reader.read(&mut small).await?;
         if n == 0 {
             writer.shutdown().await?;
             return Ok(());
         }
-        writer.write_all(&buf[..n]).await?;
-        writer.flush().await?;
-        counter.fetch_add(n as u64, Ordering::Relaxed);
-        total.inc_by(n as u64);
-        last_activity.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if n < IDLE_BUF_SIZE {
+            send(writer, &small[..n], counter, last_activity, start).await?;
+            continue;
+        }
+        let mut buf = BytesMut::with_capacity(BUF_SIZE);
+        buf.extend_from_slice(&small[..n]);
+        loop {
+            // Top up with what is already readable, without waiting.
+            let mut eof = false;
+            while buf.len() < BUF_SIZE {
+                match reader.read_buf(&mut buf).now_or_never() {
+                    Some(Ok(0)) => {
+                        eof = true;
+                        break;
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(err)) => return Err(err),
+                    None => break,
+                }
+            }
+            send(writer, &buf, counter, last_activity, start).await?;
+            buf.clear();
+            if eof {
+                writer.shutdown().await?;
+                return Ok(());
+            }
+            // Keep the buffer only while data keeps coming without a wait.
+            match reader.read_buf(&mut buf).now_or_never() {
+                Some(Ok(0)) => {
+                    writer.shutdown().await?;
+                    return Ok(());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(err)) => return Err(err),
+                None => break,
+            }
+        }
     }
+}
+
+/// Writes and flushes one chunk and records the activity.
+async fn send<W>(
+    writer: &mut W,
+    chunk: &[u8],
+    counter: Counted<'_>,
+    last_activity: &AtomicU64,
+    start: Instant,
+) -> io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    writer.write_all(chunk).await?;
+    writer.flush().await?;
+    counter
+        .session
+        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    counter.total.inc_by(chunk.len() as u64);
+    last_activity.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Resolves once no byte has moved for `idle`.
@@ -201,5 +281,48 @@ async fn idle_expired(last_activity: &AtomicU64, start: Instant, idle: Duration)
             return;
         }
         tokio::time::sleep_until(deadline).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Small writes, writes of exactly the idle buffer, and bulk data all arrive intact and in
+    /// order, and EOF is passed on.
+    #[tokio::test]
+    async fn copy_moves_every_byte_through_both_buffers() {
+        let (mut source, mut reader) = tokio::io::duplex(64 * 1024);
+        let (mut writer, mut sink) = tokio::io::duplex(64 * 1024);
+        let mut sent = Vec::new();
+        let producer = async {
+            for len in [1, IDLE_BUF_SIZE, IDLE_BUF_SIZE + 1, 3, 200_000, 7] {
+                let chunk: Vec<u8> = (0..len).map(|i| (i * 31 + len) as u8).collect();
+                source.write_all(&chunk).await.unwrap();
+                sent.extend_from_slice(&chunk);
+                tokio::task::yield_now().await;
+            }
+            source.shutdown().await.unwrap();
+        };
+        let counter = AtomicU64::new(0);
+        let total = Counter::default();
+        let last = AtomicU64::new(0);
+        let counted = Counted {
+            session: &counter,
+            total: &total,
+        };
+        let copier = copy(&mut reader, &mut writer, counted, &last, Instant::now());
+        let mut received = Vec::new();
+        let consumer = sink.read_to_end(&mut received);
+        let ((), copied, read) = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(producer, copier, consumer)
+        })
+        .await
+        .unwrap();
+        copied.unwrap();
+        read.unwrap();
+        assert_eq!(received, sent);
+        assert_eq!(counter.load(Ordering::Relaxed), sent.len() as u64);
+        assert_eq!(total.get(), sent.len() as u64);
     }
 }

@@ -1,0 +1,436 @@
+//! `relaylet bench`: what relaylet costs against the direct path and the physical limit.
+//!
+//! Starts the stand-ins, relaylet and a bare reference relay on loopback (see [`stack`]) and
+//! measures every figure three ways in the same run, interleaved repetition by repetition:
+//! `direct` (client to the leaf apiserver), `limit` (through the reference relay: one extra
+//! TLS hop and one copy, nothing else) and `relayed` (through relaylet's kubelet API, as the
+//! root apiserver calls it). Medians of several repetitions are reported, with
+//! `ratio = relayed / limit` for throughputs and rates and `limit / relayed` for latencies and
+//! CPU cost. Memory and descriptor figures are relaylet's own, read from `/proc`.
+
+mod client;
+mod hold;
+mod procfs;
+pub mod reference_relay;
+mod report;
+mod stack;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+
+pub use report::{Figure, median, percentile};
+
+use client::{Route, Transfer};
+use report::Better;
+use stack::Stack;
+
+/// Command-line options of `relaylet bench`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// A short run (well under three minutes).
+    pub quick: bool,
+    /// One JSON object per figure and line instead of a table.
+    pub json: bool,
+    /// Tiny sizes, for the smoke test: every figure, measured on almost nothing.
+    pub smoke: bool,
+}
+
+impl Options {
+    pub fn parse(args: &[String]) -> anyhow::Result<Options> {
+        let mut options = Options::default();
+        for arg in args {
+            match arg.as_str() {
+                "--quick" => options.quick = true,
+                "--json" => options.json = true,
+                "--smoke" => options.smoke = true,
+                other => anyhow::bail!("unknown bench option {other:?} (try --quick, --json)"),
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// How much each figure measures.
+#[derive(Debug, Clone)]
+struct Sizes {
+    /// Repetitions of each figure per route.
+    reps: usize,
+    /// Bytes per exec stdout and port-forward sample.
+    stream_bytes: u64,
+    /// Bytes per `logs -f` sample (the log container writes this much). A multiple of the
+    /// 100-byte log line: an unterminated last line would stay buffered as a partial record.
+    log_bytes: u64,
+    /// Round trips per latency sample.
+    round_trips: usize,
+    /// Sessions per setup-rate sample.
+    setups: usize,
+    /// Concurrent idle sessions for the memory figure.
+    idle_sessions: Vec<usize>,
+}
+
+impl Sizes {
+    fn for_options(options: &Options, fd_limit: u64) -> Sizes {
+        // relaylet holds two descriptors per session (caller and leaf), and so does the bench
+        // (client and hold endpoint). Keep 1,000 spare for everything else.
+        let fit = usize::try_from(fd_limit.saturating_sub(1000) / 2).unwrap_or(usize::MAX);
+        let idle = |n: usize| n.min(fit);
+        const MIB: u64 = 1024 * 1024;
+        if options.smoke {
+            Sizes {
+                reps: 1,
+                stream_bytes: MIB,
+                log_bytes: 1_000_000,
+                round_trips: 20,
+                setups: 3,
+                idle_sessions: vec![idle(20)],
+            }
+        } else if options.quick {
+            Sizes {
+                reps: 3,
+                stream_bytes: 32 * MIB,
+                log_bytes: 32_000_000,
+                round_trips: 500,
+                setups: 20,
+                idle_sessions: vec![idle(1_000), idle(10_000)],
+            }
+        } else {
+            Sizes {
+                reps: 7,
+                stream_bytes: 256 * MIB,
+                log_bytes: 128_000_000,
+                round_trips: 3_000,
+                setups: 100,
+                idle_sessions: vec![idle(1_000), idle(10_000)],
+            }
+        }
+    }
+}
+
+/// Raises the descriptor soft limit to the hard limit (children inherit it); returns it.
+fn raise_fd_limit() -> anyhow::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).context("reading RLIMIT_NOFILE")?;
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).context("raising RLIMIT_NOFILE")?;
+    Ok(hard)
+}
+
+/// Runs the benchmark and prints its figures.
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let fd_limit = raise_fd_limit()?;
+    let sizes = Sizes::for_options(&options, fd_limit);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let header = format!(
+        "relaylet bench: {cores} cores, fd limit {fd_limit}, {} mode, {} repetitions per figure and route",
+        if options.smoke {
+            "smoke"
+        } else if options.quick {
+            "quick"
+        } else {
+            "full"
+        },
+        sizes.reps
+    );
+    eprintln!("{header}");
+    let stack = Stack::start(sizes.log_bytes)
+        .await
+        .context("starting the benchmark stack")?;
+    let result = measure(&stack, &sizes, options).await;
+    stack.stop().await;
+    let figures = result?;
+    let targets = report::targets(&figures);
+    if options.json {
+        for target in &targets {
+            eprintln!("target {target}");
+        }
+    } else {
+        println!("{header}\n");
+        println!("{}", report::table(&figures));
+        println!("Targets:");
+        for target in &targets {
+            println!("- {target}");
+        }
+    }
+    eprintln!("bench finished in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// Emits a figure as soon as it is known (JSON mode) and keeps it for the table.
+fn emit(figures: &mut Vec<Figure>, figure: Figure, options: Options) {
+    if options.json {
+        println!("{}", figure.json());
+    } else {
+        eprintln!(
+            "  {}: direct {:?} limit {:?} relayed {:?} ratio {:?}",
+            figure.name, figure.direct, figure.limit, figure.relayed, figure.ratio
+        );
+    }
+    figures.push(figure);
+}
+
+/// The route order of repetition `rep`: rotated so no route always goes first.
+fn order(rep: usize) -> [Route; 3] {
+    let mut routes = Route::ALL;
+    routes.rotate_left(rep % 3);
+    routes
+}
+
+/// Per-route samples.
+#[derive(Default)]
+struct Samples {
+    direct: Vec<f64>,
+    limit: Vec<f64>,
+    relayed: Vec<f64>,
+}
+
+impl Samples {
+    fn push(&mut self, route: Route, value: f64) {
+        match route {
+            Route::Direct => self.direct.push(value),
+            Route::Limit => self.limit.push(value),
+            Route::Relayed => self.relayed.push(value),
+        }
+    }
+
+    fn figure(&self, name: &str, unit: &'static str, better: Better) -> Figure {
+        Figure::from_samples(name, unit, better, &self.direct, &self.limit, &self.relayed)
+    }
+}
+
+/// Which bulk transfer a throughput figure times.
+#[derive(Debug, Clone, Copy)]
+enum Bulk {
+    ExecStdout,
+    PortForward,
+    LogsFollow,
+}
+
+async fn bulk(stack: &Stack, route: Route, kind: Bulk, sizes: &Sizes) -> anyhow::Result<Transfer> {
+    let target = stack.target(route);
+    match kind {
+        Bulk::ExecStdout => client::exec_stdout(target, &stack.pod, sizes.stream_bytes).await,
+        Bulk::PortForward => {
+            client::portforward(target, &stack.pod, stack::SENDER_PORT, sizes.stream_bytes).await
+        }
+        Bulk::LogsFollow => client::logs_follow(target, &stack.pod, "logs", sizes.log_bytes).await,
+    }
+}
+
+async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Result<Vec<Figure>> {
+    let mut figures = Vec::new();
+
+    // Figures 1, 3, 4 and 7: bulk throughput, with the relays' CPU time per sample.
+    // cpu[rep] per route: (cpu seconds, bytes) summed over the three bulk figures.
+    let mut cpu: Vec<[(f64, u64); 3]> = vec![[(0.0, 0); 3]; sizes.reps];
+    for (kind, name) in [
+        (Bulk::ExecStdout, "exec_stdout_throughput"),
+        (Bulk::PortForward, "portforward_throughput"),
+        (Bulk::LogsFollow, "logs_follow_throughput"),
+    ] {
+        eprintln!("measuring {name}");
+        // One unmeasured run per route: caches, connection pools, the log file.
+        for route in Route::ALL {
+            bulk(stack, route, kind, sizes)
+                .await
+                .with_context(|| format!("{name} warm-up"))?;
+        }
+        let mut samples = Samples::default();
+        for (rep, per_route) in cpu.iter_mut().enumerate() {
+            for route in order(rep) {
+                let pid = stack.relay_pid(route);
+                let before = pid.map(procfs::cpu_time).transpose()?;
+                let transfer = bulk(stack, route, kind, sizes)
+                    .await
+                    .with_context(|| format!("{name} {route:?}"))?;
+                if let (Some(pid), Some(before)) = (pid, before) {
+                    let used = procfs::cpu_time(pid)?.saturating_sub(before);
+                    let slot = &mut per_route[route as usize];
+                    slot.0 += used.as_secs_f64();
+                    slot.1 += transfer.bytes;
+                }
+                samples.push(route, transfer.mib_per_s());
+            }
+        }
+        emit(
+            &mut figures,
+            samples.figure(name, "MiB/s", Better::Higher),
+            options,
+        );
+    }
+
+    // Figure 2: interactive round trips.
+    eprintln!("measuring exec_rtt");
+    let mut p50 = Samples::default();
+    let mut p99 = Samples::default();
+    for rep in 0..sizes.reps {
+        for route in order(rep) {
+            let trips =
+                client::exec_round_trips(stack.target(route), &stack.pod, sizes.round_trips)
+                    .await
+                    .with_context(|| format!("round trips {route:?}"))?;
+            p50.push(route, percentile(&trips, 50.0).unwrap_or(f64::NAN));
+            p99.push(route, percentile(&trips, 99.0).unwrap_or(f64::NAN));
+        }
+    }
+    emit(
+        &mut figures,
+        p50.figure("exec_rtt_p50", "us", Better::Lower),
+        options,
+    );
+    emit(
+        &mut figures,
+        p99.figure("exec_rtt_p99", "us", Better::Lower),
+        options,
+    );
+
+    // Figure 5: session setup rate, one session at a time.
+    eprintln!("measuring exec_setup_rate");
+    let mut rate = Samples::default();
+    for rep in 0..sizes.reps {
+        for route in order(rep) {
+            let start = Instant::now();
+            for _ in 0..sizes.setups {
+                client::exec_true(stack.target(route), &stack.pod)
+                    .await
+                    .with_context(|| format!("exec true {route:?}"))?;
+            }
+            rate.push(route, sizes.setups as f64 / start.elapsed().as_secs_f64());
+        }
+    }
+    emit(
+        &mut figures,
+        rate.figure("exec_setup_rate", "sessions/s", Better::Higher),
+        options,
+    );
+
+    // Figure 7 from the bulk samples.
+    let mut cpu_per_gib = Samples::default();
+    for per_route in &cpu {
+        for route in [Route::Limit, Route::Relayed] {
+            let (seconds, bytes) = per_route[route as usize];
+            if bytes > 0 {
+                cpu_per_gib.push(route, seconds / (bytes as f64 / (1u64 << 30) as f64));
+            }
+        }
+    }
+    emit(
+        &mut figures,
+        cpu_per_gib.figure("cpu_per_gib", "CPU s/GiB", Better::Lower),
+        options,
+    );
+
+    // Figure 6: relaylet's memory per idle session, then what is left after they close.
+    for &count in &sizes.idle_sessions {
+        eprintln!(
+            "measuring idle_session_memory with {count} sessions (hold endpoint behind the leaf)"
+        );
+        let idle = idle_sessions(stack, count).await?;
+        emit(
+            &mut figures,
+            Figure {
+                name: format!("idle_session_memory_{count}"),
+                unit: "KiB/session",
+                direct: None,
+                limit: None,
+                relayed: Some(idle.per_session_kib),
+                ratio: None,
+                n: 1,
+            },
+            options,
+        );
+        if Some(&count) == sizes.idle_sessions.last() {
+            for (name, unit, value) in [
+                (
+                    "after_close_rss_growth",
+                    "KiB",
+                    idle.rss_growth_after_close_kib,
+                ),
+                ("after_close_fd_growth", "fds", idle.fd_growth_after_close),
+                (
+                    "second_cycle_rss_growth",
+                    "KiB",
+                    idle.rss_growth_second_cycle_kib,
+                ),
+            ] {
+                emit(
+                    &mut figures,
+                    Figure {
+                        name: name.into(),
+                        unit,
+                        direct: None,
+                        limit: None,
+                        relayed: Some(value),
+                        ratio: None,
+                        n: 1,
+                    },
+                    options,
+                );
+            }
+        }
+    }
+    Ok(figures)
+}
+
+/// What the idle-session measurement found.
+struct IdleResult {
+    per_session_kib: f64,
+    rss_growth_after_close_kib: f64,
+    fd_growth_after_close: f64,
+    /// RSS after a second open-and-close cycle minus RSS after the first: near zero when the
+    /// memory kept after the first close is reused (allocator retention), positive if it leaks.
+    rss_growth_second_cycle_kib: f64,
+}
+
+/// How many sessions are opened at once while building up the idle set.
+const OPEN_CONCURRENCY: usize = 32;
+/// Time given to relaylet to settle after the sessions open.
+const SETTLE: Duration = Duration::from_secs(2);
+/// Time given to relaylet after the sessions close: closing thousands takes a second or two,
+/// and relaylet returns freed memory a second after the last one ends (`src/memory.rs`).
+const SETTLE_AFTER_CLOSE: Duration = Duration::from_secs(5);
+
+/// Opens `count` idle sessions through relaylet to the hold leaf, all at once held open.
+async fn open_sessions(
+    stack: &Stack,
+    count: usize,
+) -> anyhow::Result<Vec<hyper::upgrade::Upgraded>> {
+    let target = stack.target(Route::Relayed);
+    futures::stream::iter(0..count)
+        .map(|_| client::open_idle(target, &stack.hold_pod))
+        .buffer_unordered(OPEN_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()
+        .context("opening idle sessions")
+}
+
+async fn idle_sessions(stack: &Stack, count: usize) -> anyhow::Result<IdleResult> {
+    let pid = stack.relaylet.pid;
+    tokio::time::sleep(SETTLE).await;
+    let rss_before = procfs::rss_kib(pid)?;
+    let fds_before = procfs::fd_count(pid)?;
+    let sessions = open_sessions(stack, count).await?;
+    tokio::time::sleep(SETTLE).await;
+    let rss_open = procfs::rss_kib(pid)?;
+    let fds_open = procfs::fd_count(pid)?;
+    anyhow::ensure!(
+        fds_open >= fds_before + 2 * count as u64,
+        "relaylet holds {fds_open} fds with {count} sessions open (from {fds_before}): sessions are not all open"
+    );
+    drop(sessions);
+    tokio::time::sleep(SETTLE_AFTER_CLOSE).await;
+    let rss_after = procfs::rss_kib(pid)?;
+    let fds_after = procfs::fd_count(pid)?;
+    drop(open_sessions(stack, count).await?);
+    tokio::time::sleep(SETTLE_AFTER_CLOSE).await;
+    let rss_after_second = procfs::rss_kib(pid)?;
+    Ok(IdleResult {
+        per_session_kib: (rss_open as f64 - rss_before as f64) / count as f64,
+        rss_growth_after_close_kib: rss_after as f64 - rss_before as f64,
+        fd_growth_after_close: fds_after as f64 - fds_before as f64,
+        rss_growth_second_cycle_kib: rss_after_second as f64 - rss_after as f64,
+    })
+}

@@ -1,0 +1,84 @@
+//! Smoke test of `relaylet bench`: runs the real program (with `--smoke`: every figure on tiny
+//! sizes) and checks that it prints every figure as one well-formed JSON object per line, with
+//! positive values on every route that applies and ratios consistent with them.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+const FIGURES: [&str; 9] = [
+    "exec_stdout_throughput",
+    "portforward_throughput",
+    "logs_follow_throughput",
+    "exec_rtt_p50",
+    "exec_rtt_p99",
+    "exec_setup_rate",
+    "cpu_per_gib",
+    "after_close_rss_growth",
+    "after_close_fd_growth",
+];
+
+#[tokio::test]
+async fn bench_smoke_prints_every_figure_as_json() {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet"))
+        .args(["bench", "--smoke", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start relaylet bench");
+    let output = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .expect("bench finished in time")
+        .expect("bench output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed: {stderr}");
+    assert!(stderr.contains("cores"), "no core count in {stderr}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
+        .collect();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no figure {name} in {rows:?}"))
+    };
+    for name in FIGURES {
+        let r = row(name);
+        for field in ["unit", "direct", "limit", "relayed", "ratio", "n"] {
+            assert!(r.get(field).is_some(), "{name} lacks {field}");
+        }
+    }
+    for name in &FIGURES[..6] {
+        let r = row(name);
+        for route in ["direct", "limit", "relayed"] {
+            assert!(
+                r[route].as_f64().expect("a number") > 0.0,
+                "{name} {route}: {r}"
+            );
+        }
+        let (limit, relayed) = (r["limit"].as_f64().unwrap(), r["relayed"].as_f64().unwrap());
+        let expected = if r["unit"] == "us" {
+            limit / relayed
+        } else {
+            relayed / limit
+        };
+        let ratio = r["ratio"].as_f64().expect("ratio");
+        assert!(
+            (ratio - expected).abs() < 0.01 * expected.max(1.0),
+            "{name}: {r}"
+        );
+    }
+    let cpu = row("cpu_per_gib");
+    assert!(cpu["direct"].is_null() && cpu["relayed"].as_f64().unwrap() > 0.0);
+    let memory = rows
+        .iter()
+        .find(|r| {
+            r["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("idle_session_memory_"))
+        })
+        .expect("an idle-session memory figure");
+    assert!(memory["ratio"].is_null() && memory["relayed"].as_f64().unwrap() > 0.0);
+    assert_eq!(row("after_close_fd_growth")["unit"], "fds");
+}
