@@ -10,7 +10,7 @@ const USAGE: &str = "usage: relaylet [serve | check-config | sandbox [--kubeconf
   serve         (default) run as a virtual node's kubelet; configured by env vars (see README)
   check-config  validate the env vars and exit (0 when relaylet would start with them)
   sandbox       start simulated root and leaf clusters with relaylet between them, for your kubectl
-  bench         measure relaylet against the direct path and a bare reference relay (README, "Performance")";
+  bench         measure relaylet against the direct path and a bare reference relay (see the README, Performance)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
