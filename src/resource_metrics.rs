@@ -345,36 +345,9 @@ async fn leaf_pod_metrics(leaf: &Leaf) -> Result<Vec<PodMetrics>, StatsError> {
 
 /// Seconds in a Go duration string (`30s`, `1m0.5s`, `150ms`), as metrics.k8s.io writes windows.
 pub fn parse_go_duration(s: &str) -> Option<f64> {
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total = 0.0;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if num_len == 0 {
-            return None;
-        }
-        let value: f64 = rest[..num_len].parse().ok()?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        total += value * scale;
-        rest = &rest[unit_len..];
-    }
-    Some(total)
+    crate::config::parse_duration(s.trim())
+        .ok()
+        .map(|d| d.as_secs_f64())
 }
 
 /// Milliseconds since the epoch, the sample timestamp of the text format.
