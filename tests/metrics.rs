@@ -289,7 +289,18 @@ fn kubelet_port_metrics_need_nodes_metrics_and_health_answers() {
         ready = RT.block_on(http_get(metrics, "/readyz"));
     }
     assert_eq!(ready.status, 200, "{}", ready.body);
-    let s = scrape();
+    // Ready needs one reachable leaf; the probe (every 5 s) may not have reported both yet.
+    let mut s = scrape();
+    for _ in 0..100 {
+        let both = ["leaf-1", "leaf-2"]
+            .iter()
+            .all(|leaf| value(&s, "relaylet_leaf_reachable", &[("leaf", leaf)]).is_some());
+        if both {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        s = scrape();
+    }
     assert_eq!(value(&s, "relaylet_leader", &[]), Some(1.0));
     assert_eq!(value(&s, "relaylet_root_reachable", &[]), Some(1.0));
     assert_eq!(
