@@ -5,7 +5,7 @@
 //! WebSocket. A minimal apiserver route serves what kubectl reads first (discovery and the pod).
 //!
 //! The binaries come from the machine image (the Google Cloud SDK keeps `kubectl.1.27` ...
-//! beside its `kubectl` dispatcher); `$KUBECTL_DIR` overrides where to look.
+//! beside its `kubectl` dispatcher), found by `relaylet_sim::tools`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,24 +36,11 @@ use tokio::time::timeout;
 
 const T: Duration = Duration::from_secs(30);
 
-/// Where the versioned kubectl binaries live.
+/// The versioned kubectl binary (the machine's 1.27-1.33, or installed on demand).
 fn kubectl(version: &str) -> PathBuf {
-    let dir = match std::env::var("KUBECTL_DIR") {
-        Ok(dir) => PathBuf::from(dir),
-        Err(_) => {
-            let found = std::process::Command::new("sh")
-                .args(["-c", "dirname \"$(readlink -f \"$(command -v kubectl)\")\""])
-                .output()
-                .expect("shell");
-            PathBuf::from(String::from_utf8_lossy(&found.stdout).trim().to_string())
-        }
-    };
-    let path = dir.join(format!("kubectl.{version}"));
-    assert!(
-        path.exists(),
-        "{path:?} not found; set KUBECTL_DIR to the directory with kubectl.{version}"
-    );
-    path
+    relaylet_sim::tools::kubectl(version)
+        .unwrap_or_else(|| panic!("kubectl {version} is not available: run tests/tools/install.sh"))
+        .path
 }
 
 struct Env {
