@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use relaylet::config::{Config, LogFormat};
 use relaylet::shutdown::Shutdown;
 
-const USAGE: &str = "usage: relaylet [serve | check-config | sandbox [--kubeconfig-out PATH] | bench [--quick] [--json]]
+const USAGE: &str = "usage: relaylet [serve | check-config | sandbox [--kubeconfig-out PATH] | bench [--quick] [--json] [--only bulk,rtt,setup,memory]]
 
   serve         (default) run as a virtual node's kubelet; configured by env vars (see README)
   check-config  validate the env vars and exit (0 when relaylet would start with them)

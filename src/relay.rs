@@ -149,7 +149,6 @@ impl Relay {
         }
         let leaf_upgrade = hyper::upgrade::on(&mut leaf_resp);
         let relay = self.clone();
-        let leaf_name = leaf.name.clone();
         tokio::spawn(
             async move {
                 // The session counts against the caps until its splice ends.
@@ -158,7 +157,15 @@ impl Relay {
                 let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
                     Ok(both) => both,
                     Err(err) => {
-                        tracing::warn!(%err, leaf = %leaf_name, "upgrade did not complete");
+                        let info = session.info();
+                        tracing::warn!(
+                            %err,
+                            namespace = %info.namespace,
+                            pod = %info.pod,
+                            container = %info.container,
+                            leaf = %info.leaf,
+                            "upgrade did not complete"
+                        );
                         session.set_result(session::Result::UpgradeFailed);
                         return;
                     }
@@ -171,7 +178,12 @@ impl Relay {
                         read_ahead: parts.read_buf,
                     },
                     Err(_) => {
+                        let info = session.info();
                         tracing::error!(
+                            namespace = %info.namespace,
+                            pod = %info.pod,
+                            container = %info.container,
+                            leaf = %info.leaf,
                             "caller connection is not the TLS stream the node server accepted"
                         );
                         session.set_result(session::Result::UpgradeFailed);
@@ -198,7 +210,12 @@ impl Relay {
                 };
                 session.ended(result, outcome.to_leaf, outcome.to_client);
             }
-            .in_current_span(),
+            // This task lives as long as the session. An info span held that long takes a
+            // slot in tracing-subscriber's registry per open session, and the registry keeps
+            // the slots (and the heap pages they pin) after the sessions end: 30 MB stayed
+            // resident after 9,500 sessions closed (`relaylet bench`). The session's log
+            // lines name it themselves, so the task's span is enabled only at debug level.
+            .instrument(tracing::debug_span!("splice")),
         );
         answer.body(Body::empty()).unwrap_or_else(|err| {
             status::response(

@@ -35,18 +35,74 @@ pub struct Options {
     pub json: bool,
     /// Tiny sizes, for the smoke test: every figure, measured on almost nothing.
     pub smoke: bool,
+    /// Only these groups of figures (`--only bulk,rtt,setup,memory`); all when empty.
+    pub only: Groups,
+}
+
+/// Which groups of figures to measure: handy while tuning one path.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Groups {
+    /// Throughputs of exec stdout, port-forward and `logs -f`, and the CPU cost per GiB.
+    pub bulk: bool,
+    /// Interactive round trips.
+    pub rtt: bool,
+    /// Session setup rate.
+    pub setup: bool,
+    /// Memory per idle session and what is left after they close.
+    pub memory: bool,
+}
+
+impl Groups {
+    const ALL: Groups = Groups {
+        bulk: true,
+        rtt: true,
+        setup: true,
+        memory: true,
+    };
+
+    fn parse(list: &str) -> anyhow::Result<Groups> {
+        let mut groups = Groups::default();
+        for name in list.split(',') {
+            match name {
+                "bulk" => groups.bulk = true,
+                "rtt" => groups.rtt = true,
+                "setup" => groups.setup = true,
+                "memory" => groups.memory = true,
+                other => {
+                    anyhow::bail!("unknown figure group {other:?} (try bulk, rtt, setup, memory)")
+                }
+            }
+        }
+        Ok(groups)
+    }
+
+    fn any(&self) -> bool {
+        self.bulk || self.rtt || self.setup || self.memory
+    }
 }
 
 impl Options {
     pub fn parse(args: &[String]) -> anyhow::Result<Options> {
         let mut options = Options::default();
-        for arg in args {
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--quick" => options.quick = true,
                 "--json" => options.json = true,
                 "--smoke" => options.smoke = true,
-                other => anyhow::bail!("unknown bench option {other:?} (try --quick, --json)"),
+                "--only" => {
+                    let list = args
+                        .next()
+                        .context("--only needs a list, e.g. --only setup")?;
+                    options.only = Groups::parse(list)?;
+                }
+                other => anyhow::bail!(
+                    "unknown bench option {other:?} (try --quick, --json, --only GROUPS)"
+                ),
             }
+        }
+        if !options.only.any() {
+            options.only = Groups::ALL;
         }
         Ok(options)
     }
@@ -220,8 +276,28 @@ async fn bulk(stack: &Stack, route: Route, kind: Bulk, sizes: &Sizes) -> anyhow:
 
 async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Result<Vec<Figure>> {
     let mut figures = Vec::new();
+    if options.only.bulk {
+        measure_bulk(stack, sizes, options, &mut figures).await?;
+    }
+    if options.only.rtt {
+        measure_rtt(stack, sizes, options, &mut figures).await?;
+    }
+    if options.only.setup {
+        measure_setup(stack, sizes, options, &mut figures).await?;
+    }
+    if options.only.memory {
+        measure_memory(stack, sizes, options, &mut figures).await?;
+    }
+    Ok(figures)
+}
 
-    // Figures 1, 3, 4 and 7: bulk throughput, with the relays' CPU time per sample.
+/// Figures 1, 3, 4 and 7: bulk throughput, with the relays' CPU time per sample.
+async fn measure_bulk(
+    stack: &Stack,
+    sizes: &Sizes,
+    options: Options,
+    figures: &mut Vec<Figure>,
+) -> anyhow::Result<()> {
     // cpu[rep] per route: (cpu seconds, bytes) summed over the three bulk figures.
     let mut cpu: Vec<[(f64, u64); 3]> = vec![[(0.0, 0); 3]; sizes.reps];
     for (kind, name) in [
@@ -254,13 +330,37 @@ async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Resu
             }
         }
         emit(
-            &mut figures,
+            figures,
             samples.figure(name, "MiB/s", Better::Higher),
             options,
         );
     }
 
-    // Figure 2: interactive round trips.
+    // Figure 7 from the bulk samples.
+    let mut cpu_per_gib = Samples::default();
+    for per_route in &cpu {
+        for route in [Route::Limit, Route::Relayed] {
+            let (seconds, bytes) = per_route[route as usize];
+            if bytes > 0 {
+                cpu_per_gib.push(route, seconds / (bytes as f64 / (1u64 << 30) as f64));
+            }
+        }
+    }
+    emit(
+        figures,
+        cpu_per_gib.figure("cpu_per_gib", "CPU s/GiB", Better::Lower),
+        options,
+    );
+    Ok(())
+}
+
+/// Figure 2: interactive round trips.
+async fn measure_rtt(
+    stack: &Stack,
+    sizes: &Sizes,
+    options: Options,
+    figures: &mut Vec<Figure>,
+) -> anyhow::Result<()> {
     eprintln!("measuring exec_rtt");
     let mut p50 = Samples::default();
     let mut p99 = Samples::default();
@@ -275,17 +375,25 @@ async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Resu
         }
     }
     emit(
-        &mut figures,
+        figures,
         p50.figure("exec_rtt_p50", "us", Better::Lower),
         options,
     );
     emit(
-        &mut figures,
+        figures,
         p99.figure("exec_rtt_p99", "us", Better::Lower),
         options,
     );
+    Ok(())
+}
 
-    // Figure 5: session setup rate, one session at a time.
+/// Figure 5: session setup rate, one session at a time.
+async fn measure_setup(
+    stack: &Stack,
+    sizes: &Sizes,
+    options: Options,
+    figures: &mut Vec<Figure>,
+) -> anyhow::Result<()> {
     eprintln!("measuring exec_setup_rate");
     let mut rate = Samples::default();
     for rep in 0..sizes.reps {
@@ -300,35 +408,27 @@ async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Resu
         }
     }
     emit(
-        &mut figures,
+        figures,
         rate.figure("exec_setup_rate", "sessions/s", Better::Higher),
         options,
     );
+    Ok(())
+}
 
-    // Figure 7 from the bulk samples.
-    let mut cpu_per_gib = Samples::default();
-    for per_route in &cpu {
-        for route in [Route::Limit, Route::Relayed] {
-            let (seconds, bytes) = per_route[route as usize];
-            if bytes > 0 {
-                cpu_per_gib.push(route, seconds / (bytes as f64 / (1u64 << 30) as f64));
-            }
-        }
-    }
-    emit(
-        &mut figures,
-        cpu_per_gib.figure("cpu_per_gib", "CPU s/GiB", Better::Lower),
-        options,
-    );
-
-    // Figure 6: relaylet's memory per idle session, then what is left after they close.
+/// Figure 6: relaylet's memory per idle session, then what is left after they close.
+async fn measure_memory(
+    stack: &Stack,
+    sizes: &Sizes,
+    options: Options,
+    figures: &mut Vec<Figure>,
+) -> anyhow::Result<()> {
     for &count in &sizes.idle_sessions {
         eprintln!(
             "measuring idle_session_memory with {count} sessions (hold endpoint behind the leaf)"
         );
         let idle = idle_sessions(stack, count).await?;
         emit(
-            &mut figures,
+            figures,
             Figure {
                 name: format!("idle_session_memory_{count}"),
                 unit: "KiB/session",
@@ -355,7 +455,7 @@ async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Resu
                 ),
             ] {
                 emit(
-                    &mut figures,
+                    figures,
                     Figure {
                         name: name.into(),
                         unit,
@@ -370,7 +470,7 @@ async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Resu
             }
         }
     }
-    Ok(figures)
+    Ok(())
 }
 
 /// What the idle-session measurement found.
