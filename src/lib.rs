@@ -30,6 +30,7 @@ pub mod status;
 pub mod telemetry;
 pub mod tls;
 pub mod virtual_node;
+pub mod warm_connector;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
