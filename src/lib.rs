@@ -65,26 +65,81 @@ pub struct Running {
 pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::Result<Running> {
     let config = Arc::new(config);
     let metrics = metrics::Metrics::new();
+    let (health, metrics_addr) = serve_health(&config, &metrics, &shutdown).await?;
+    let registry = watch_leaves(&config, &root, &shutdown).await?;
+    let pods = pod_index::PodIndex::new(root.clone(), registry.clone());
+    spawn_until(&shutdown, pods.clone().run());
+    let leadership = elect_leader(&config, &root, &metrics, &shutdown);
+    spawn_until(
+        &shutdown,
+        health.clone().probe(root.clone(), registry.clone()),
+    );
+    let node_ports = node_ports::NodePorts::default();
+    let controller = Arc::new(virtual_node::Controller {
+        config: config.clone(),
+        root: root.clone(),
+        registry: registry.clone(),
+        pods: pods.clone(),
+        leadership: leadership.clone(),
+        node_ports: node_ports.clone(),
+        metrics: metrics.clone(),
+    });
+    spawn_until(&shutdown, controller.run());
+    let parts = KubeletApi {
+        config,
+        root,
+        registry: registry.clone(),
+        pods,
+        metrics: metrics.clone(),
+        node_ports: node_ports.clone(),
+    };
+    let (addr, server) = parts.serve(&health, &shutdown).await?;
+    Ok(Running {
+        addr,
+        registry,
+        leadership,
+        server,
+        metrics_addr,
+        metrics,
+        node_ports,
+    })
+}
+
+/// Serves metrics and health on `METRICS_ADDR`.
+async fn serve_health(
+    config: &Config,
+    metrics: &metrics::Metrics,
+    shutdown: &Shutdown,
+) -> anyhow::Result<(Arc<health::Health>, SocketAddr)> {
     let health = health::Health::new(metrics.clone(), shutdown.begin.clone());
-    let metrics_listener = health::bind(config.metrics_addr)
+    let listener = health::bind(config.metrics_addr)
         .await
         .with_context(|| format!("listening on {} (METRICS_ADDR)", config.metrics_addr))?;
-    let metrics_addr = metrics_listener.local_addr()?;
+    let addr = listener.local_addr()?;
     tokio::spawn(health::serve(
-        metrics_listener,
+        listener,
         health.clone(),
         shutdown.sessions.clone(),
     ));
-    tracing::info!(url = %format!("http://{metrics_addr}/metrics"), "metrics server listening");
+    tracing::info!(url = %format!("http://{addr}/metrics"), "metrics server listening");
+    Ok((health, addr))
+}
+
+/// The leaf registry, filled from `LEAF_KUBECONFIG` and kept in step with the leaf Secrets.
+async fn watch_leaves(
+    config: &Arc<Config>,
+    root: &Client,
+    shutdown: &Shutdown,
+) -> anyhow::Result<Registry> {
     let registry = Registry::default();
-    leaf::load_static_leaf(&config, &registry).await?;
+    leaf::load_static_leaf(config, &registry).await?;
     let secret_namespace = config
         .leaf_secret_namespace
         .clone()
         .or_else(|| config.pod_namespace.clone())
         .unwrap_or_else(|| root.default_namespace().to_string());
     spawn_until(
-        &shutdown,
+        shutdown,
         leaf::watch_secrets(
             root.clone(),
             secret_namespace,
@@ -93,9 +148,17 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
             registry.clone(),
         ),
     );
-    let pods = pod_index::PodIndex::new(root.clone(), registry.clone());
-    spawn_until(&shutdown, pods.clone().run());
+    Ok(registry)
+}
 
+/// Takes part in leader election (or leads alone with `LEADER_ELECT=false`), and keeps the
+/// leader gauge up to date.
+fn elect_leader(
+    config: &Config,
+    root: &Client,
+    metrics: &metrics::Metrics,
+    shutdown: &Shutdown,
+) -> leader::Leadership {
     let leadership = if config.leader_elect {
         let namespace = config
             .pod_namespace
@@ -131,101 +194,103 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
             gauge.set(0);
         }
     });
-    spawn_until(
-        &shutdown,
-        health.clone().probe(root.clone(), registry.clone()),
-    );
-    let node_ports = node_ports::NodePorts::default();
-    let controller = Arc::new(virtual_node::Controller {
-        config: config.clone(),
-        root: root.clone(),
-        registry: registry.clone(),
-        pods: pods.clone(),
-        leadership: leadership.clone(),
-        node_ports: node_ports.clone(),
-        metrics: metrics.clone(),
-    });
-    spawn_until(&shutdown, controller.run());
+    leadership
+}
 
-    let client_ca = match config.auth_mode {
-        AuthMode::None => None,
-        _ => Some(client_ca::start(&config, &root, shutdown.begin.clone()).await?),
-    };
-    let tls = tls::server_config(&config, client_ca)?;
-    health.certificates_loaded();
-    let addr = SocketAddr::new(config.leaf_node_ip, config.node_server_port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("listening on {addr} (LEAF_NODE_IP:NODE_SERVER_PORT)"))?;
-    let addr = listener.local_addr()?;
-    if config.auth_mode == AuthMode::None {
-        tracing::warn!(
-            "AUTH_MODE=none: anyone who reaches {addr} can exec into every leaf pod; use only in a sandbox"
-        );
+/// What the kubelet API servers (the shared port and each virtual node's own) are built from.
+struct KubeletApi {
+    config: Arc<Config>,
+    root: Client,
+    registry: Registry,
+    pods: pod_index::PodIndex,
+    metrics: metrics::Metrics,
+    node_ports: node_ports::NodePorts,
+}
+
+impl KubeletApi {
+    /// Loads the certificates, binds `LEAF_NODE_IP:NODE_SERVER_PORT` and serves the kubelet
+    /// API there and on each virtual node's port. The handle ends when the server has stopped
+    /// and its sessions have ended or were cut after the grace period.
+    async fn serve(
+        self,
+        health: &health::Health,
+        shutdown: &Shutdown,
+    ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+        let config = self.config.clone();
+        let client_ca = match config.auth_mode {
+            AuthMode::None => None,
+            _ => Some(client_ca::start(&config, &self.root, shutdown.begin.clone()).await?),
+        };
+        let tls = tls::server_config(&config, client_ca)?;
+        health.certificates_loaded();
+        let addr = SocketAddr::new(config.leaf_node_ip, config.node_server_port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr} (LEAF_NODE_IP:NODE_SERVER_PORT)"))?;
+        let addr = listener.local_addr()?;
+        if config.auth_mode == AuthMode::None {
+            tracing::warn!(
+                "AUTH_MODE=none: anyone who reaches {addr} can exec into every leaf pod; use only in a sandbox"
+            );
+        }
+        tracing::info!(%addr, auth = ?config.auth_mode, "node server listening");
+        let node_ports = self.node_ports.clone();
+        let registry = self.registry.clone();
+        let make_server = self.node_server_factory(shutdown);
+        let shared = make_server(None);
+        tokio::spawn(node_ports.run(
+            registry,
+            addr,
+            tls.clone(),
+            move |node| make_server(Some(node)),
+            shutdown.begin.clone(),
+        ));
+        // Armed here, not only by the signal handler, so any way of beginning shutdown (a
+        // signal, an embedding test) gets the configured grace period.
+        let grace = config.shutdown_grace_period;
+        let server = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                node_server::serve(listener, tls, shared, shutdown.begin.clone()).await;
+                shutdown.drain(grace).await;
+                tracing::info!("node server stopped; every session has ended");
+            }
+        });
+        Ok((addr, server))
     }
-    let gate = limits::Gate::new(config.limits);
-    let relay = relay::Relay {
-        creation_timeout: config.stream_creation_timeout,
-        idle_timeout: config.stream_idle_timeout,
-        stop: shutdown.sessions.clone(),
-        open: shutdown.open.clone(),
-        metrics: metrics.clone(),
-    };
-    let stats = Arc::new(resource_metrics::NodeStats::new(
-        root.clone(),
-        registry.clone(),
-    ));
-    let make_server = {
-        let (config, root, registry, pods, metrics) = (
-            config.clone(),
-            root.clone(),
-            registry.clone(),
-            pods.clone(),
-            metrics.clone(),
-        );
+
+    /// Makes the node server of one virtual node's port (`Some(node)`) or of the shared port.
+    /// All share the caps, the relay and the caches.
+    fn node_server_factory(
+        self,
+        shutdown: &Shutdown,
+    ) -> impl Fn(Option<String>) -> Arc<node_server::NodeServer> + Send + Sync + 'static {
+        let gate = limits::Gate::new(self.config.limits);
+        let relay = relay::Relay {
+            creation_timeout: self.config.stream_creation_timeout,
+            idle_timeout: self.config.stream_idle_timeout,
+            stop: shutdown.sessions.clone(),
+            open: shutdown.open.clone(),
+            metrics: self.metrics.clone(),
+        };
+        let stats = Arc::new(resource_metrics::NodeStats::new(
+            self.root.clone(),
+            self.registry.clone(),
+        ));
         move |node: Option<String>| {
             Arc::new(node_server::NodeServer {
                 gate: gate.clone(),
-                auth: auth::Authenticator::new(config.auth_mode, Some(root.clone())),
-                registry: registry.clone(),
-                pods: pods.clone(),
+                auth: auth::Authenticator::new(self.config.auth_mode, Some(self.root.clone())),
+                registry: self.registry.clone(),
+                pods: self.pods.clone(),
                 relay: relay.clone(),
-                metrics: metrics.clone(),
+                metrics: self.metrics.clone(),
                 stats: stats.clone(),
                 node,
-                node_name_prefix: config.node_name_prefix.clone(),
+                node_name_prefix: self.config.node_name_prefix.clone(),
             })
         }
-    };
-    tracing::info!(%addr, auth = ?config.auth_mode, "node server listening");
-    let shared = make_server(None);
-    tokio::spawn(node_ports.clone().run(
-        registry.clone(),
-        addr,
-        tls.clone(),
-        move |node| make_server(Some(node)),
-        shutdown.begin.clone(),
-    ));
-    // Armed here, not only by the signal handler, so any way of beginning shutdown (a signal,
-    // an embedding test) gets the configured grace period.
-    let grace = config.shutdown_grace_period;
-    let server = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            node_server::serve(listener, tls, shared, shutdown.begin.clone()).await;
-            shutdown.drain(grace).await;
-            tracing::info!("node server stopped; every session has ended");
-        }
-    });
-    Ok(Running {
-        addr,
-        registry,
-        leadership,
-        server,
-        metrics_addr,
-        metrics,
-        node_ports,
-    })
+    }
 }
 
 /// Runs `task` until shutdown begins.
