@@ -536,3 +536,32 @@ async fn idle_sessions(stack: &Stack, count: usize) -> anyhow::Result<IdleResult
         rss_growth_second_cycle_kib: rss_after_second as f64 - rss_after as f64,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> anyhow::Result<Options> {
+        Options::parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn every_group_runs_unless_some_are_named() {
+        let all = parse(&["--quick"]).unwrap();
+        assert!(all.quick && all.only.bulk && all.only.rtt && all.only.setup && all.only.memory);
+
+        let some = parse(&["--only", "setup,memory", "--json"]).unwrap();
+        assert!(some.json && some.only.setup && some.only.memory);
+        assert!(!some.only.bulk && !some.only.rtt);
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        let err = parse(&["--only", "setup,cpu"]).unwrap_err().to_string();
+        assert!(err.contains("\"cpu\""), "{err}");
+        let err = parse(&["--only"]).unwrap_err().to_string();
+        assert!(err.contains("--only needs a list"), "{err}");
+        let err = parse(&["--fast"]).unwrap_err().to_string();
+        assert!(err.contains("\"--fast\""), "{err}");
+    }
+}
