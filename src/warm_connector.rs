@@ -308,6 +308,15 @@ mod tests {
         assert_eq!(&byte, b"x");
     }
 
+    /// A connector that has made one connection (dial 0, dropped) and has its spare (dial 1).
+    async fn after_one_call() -> (Pipes, WarmConnector<Pipes>) {
+        let pipes = Pipes::default();
+        let mut connector = WarmConnector::new(pipes.clone());
+        drop(connector.call(uri("leaf:6443")).await.unwrap());
+        settle().await;
+        (pipes, connector)
+    }
+
     #[tokio::test]
     async fn the_next_call_gets_the_spare_dialed_after_the_previous_one() {
         let pipes = Pipes::default();
@@ -325,10 +334,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spare_the_server_closed_is_not_handed_out() {
-        let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone());
-        drop(connector.call(uri("leaf:6443")).await.unwrap());
-        settle().await;
+        let (pipes, mut connector) = after_one_call().await;
         drop(pipes.server(1));
         settle().await;
 
@@ -338,10 +344,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spare_the_server_wrote_to_is_not_handed_out() {
-        let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone());
-        drop(connector.call(uri("leaf:6443")).await.unwrap());
-        settle().await;
+        let (pipes, mut connector) = after_one_call().await;
         let mut server = pipes.server(1);
         server
             .write_all(b"HTTP/1.1 408 Request Timeout\r\n\r\n")
@@ -355,10 +358,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_spare_for_another_address_is_not_used() {
-        let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone());
-        drop(connector.call(uri("leaf:6443")).await.unwrap());
-        settle().await;
+        let (pipes, mut connector) = after_one_call().await;
 
         let conn = connector.call(uri("other:6443")).await.unwrap();
         came_from(conn, &pipes, 2).await;
@@ -387,10 +387,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn spares_are_renewed_while_the_leaf_is_in_use_and_then_let_go() {
-        let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone());
-        drop(connector.call(uri("leaf:6443")).await.unwrap());
-        settle().await;
+        let (pipes, mut connector) = after_one_call().await;
         assert_eq!(pipes.dials(), 2);
 
         tokio::time::sleep(MAX_AGE + Duration::from_millis(1)).await;
@@ -413,10 +410,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_the_connector_closes_its_spare() {
-        let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone());
-        drop(connector.call(uri("leaf:6443")).await.unwrap());
-        settle().await;
+        let (pipes, connector) = after_one_call().await;
         drop(connector);
         settle().await;
         let mut spare = pipes.server(1);
