@@ -74,6 +74,19 @@ pub enum PodSubresource {
     Log,
 }
 
+impl PodSubresource {
+    /// The subresource named by the last segment of a pod URL (`pods/<name>/<subresource>`).
+    pub fn from_name(name: &str) -> Option<PodSubresource> {
+        match name {
+            "exec" => Some(PodSubresource::Exec),
+            "attach" => Some(PodSubresource::Attach),
+            "portforward" => Some(PodSubresource::PortForward),
+            "log" => Some(PodSubresource::Log),
+            _ => None,
+        }
+    }
+}
+
 /// Why a proxied call failed before or while reaching the kubelet.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {

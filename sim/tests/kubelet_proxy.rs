@@ -31,10 +31,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role as WsRole;
+
+#[path = "proxy_support.rs"]
+mod support;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -449,12 +451,8 @@ async fn api_pod(
     Path((_ns, name, sub)): Path<(String, String, String)>,
     req: Request<Body>,
 ) -> Response {
-    let sub = match sub.as_str() {
-        "exec" => PodSubresource::Exec,
-        "attach" => PodSubresource::Attach,
-        "portforward" => PodSubresource::PortForward,
-        "log" => PodSubresource::Log,
-        _ => return StatusCode::NOT_FOUND.into_response(),
+    let Some(sub) = PodSubresource::from_name(&sub) else {
+        return StatusCode::NOT_FOUND.into_response();
     };
     let pod = match name.as_str() {
         "multi" => test_pod(&["a", "b"]),
@@ -951,34 +949,7 @@ async fn port_forward_tunnels_spdy_through_websocket() {
         Some(&b"SPDY/3.1+portforward.k8s.io"[..])
     );
     // Bridge WebSocket binary messages to a byte pipe and speak SPDY over it, as kubectl does.
-    let (ours, bridge) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(async move {
-        let (mut ws_tx, mut ws_rx) = ws.split();
-        let (mut br, mut bw) = tokio::io::split(bridge);
-        let up = async {
-            let mut buf = vec![0u8; 16 * 1024];
-            while let Ok(n) = br.read(&mut buf).await {
-                if n == 0
-                    || ws_tx
-                        .send(Message::binary(buf[..n].to_vec()))
-                        .await
-                        .is_err()
-                {
-                    break;
-                }
-            }
-        };
-        let down = async {
-            while let Some(Ok(msg)) = ws_rx.next().await {
-                if let Message::Binary(data) = msg
-                    && bw.write_all(&data).await.is_err()
-                {
-                    break;
-                }
-            }
-        };
-        tokio::select! { _ = up => {}, _ = down => {} }
-    });
+    let ours = support::websocket_pipe(ws);
     let (conn, _incoming) = Connection::new(ours, Role::Client);
     let headers = |ty: &str| {
         vec![

@@ -5,7 +5,6 @@
 //! our SPDY client (passthrough exec, and SPDY tunnelled in a WebSocket for port-forward) and a
 //! plain HTTPS client (logs) all go through the proxy to `sh` processes and a TCP echo server.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +31,9 @@ use tokio::net::TcpListener;
 use tokio::time::timeout;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+#[path = "proxy_support.rs"]
+mod support;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -88,29 +90,10 @@ async fn api_pod(
     Path((_ns, _name, sub)): Path<(String, String, String)>,
     req: Request<Body>,
 ) -> Response {
-    let sub = match sub.as_str() {
-        "exec" => PodSubresource::Exec,
-        "attach" => PodSubresource::Attach,
-        "portforward" => PodSubresource::PortForward,
-        "log" => PodSubresource::Log,
-        _ => return StatusCode::NOT_FOUND.into_response(),
+    let Some(sub) = PodSubresource::from_name(&sub) else {
+        return StatusCode::NOT_FOUND.into_response();
     };
     api.client.proxy_pod(req, &pod(), &api.node, sub).await
-}
-
-async fn echo_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = conn.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    addr
 }
 
 async fn env(test: &str) -> Env {
@@ -133,7 +116,7 @@ async fn env_with(test: &str, features: &[&str]) -> Env {
     ))
     .await
     .expect("kubelet");
-    let echo = echo_server().await;
+    let echo = support::echo_server().await;
     kubelet
         .run_pod(PodRun {
             namespace: "default".into(),
@@ -419,34 +402,7 @@ async fn spdy_port_forward_tunnelled_in_websocket() {
             .map(|v| v.as_bytes()),
         Some(&b"SPDY/3.1+portforward.k8s.io"[..])
     );
-    let (ours, bridge) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(async move {
-        let (mut ws_tx, mut ws_rx) = ws.split();
-        let (mut br, mut bw) = tokio::io::split(bridge);
-        let up = async {
-            let mut buf = vec![0u8; 16 * 1024];
-            while let Ok(n) = br.read(&mut buf).await {
-                if n == 0
-                    || ws_tx
-                        .send(Message::binary(buf[..n].to_vec()))
-                        .await
-                        .is_err()
-                {
-                    break;
-                }
-            }
-        };
-        let down = async {
-            while let Some(Ok(msg)) = ws_rx.next().await {
-                if let Message::Binary(data) = msg
-                    && bw.write_all(&data).await.is_err()
-                {
-                    break;
-                }
-            }
-        };
-        tokio::select! { _ = up => {}, _ = down => {} }
-    });
+    let ours = support::websocket_pipe(ws);
     let (conn, _incoming) = Connection::new(ours, Role::Client);
     let headers = |ty: &str| {
         vec![

@@ -7,7 +7,6 @@
 //! The binaries come from the machine image (the Google Cloud SDK keeps `kubectl.1.27` ...
 //! beside its `kubectl` dispatcher), found by `relaylet_sim::tools`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -33,6 +32,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::Command;
 use tokio::time::timeout;
+
+#[path = "proxy_support.rs"]
+mod support;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -155,29 +157,10 @@ async fn api_pod(
         req.uri(),
         req.headers().get(header::UPGRADE)
     ));
-    let sub = match sub.as_str() {
-        "exec" => PodSubresource::Exec,
-        "attach" => PodSubresource::Attach,
-        "portforward" => PodSubresource::PortForward,
-        "log" => PodSubresource::Log,
-        _ => return StatusCode::NOT_FOUND.into_response(),
+    let Some(sub) = PodSubresource::from_name(&sub) else {
+        return StatusCode::NOT_FOUND.into_response();
     };
     api.client.proxy_pod(req, &pod(), &api.node, sub).await
-}
-
-async fn echo_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = conn.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    addr
 }
 
 async fn env(test: &str) -> Env {
@@ -197,7 +180,7 @@ async fn env(test: &str) -> Env {
     ))
     .await
     .expect("kubelet");
-    let echo = echo_server().await;
+    let echo = support::echo_server().await;
     kubelet
         .run_pod(PodRun {
             namespace: "default".into(),

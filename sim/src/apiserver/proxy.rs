@@ -25,12 +25,8 @@ pub async fn connect(app: &App, req: Request, target: &ResourcePath) -> Result<R
         let client = kubelet(app)?;
         return Ok(client.proxy_node(req, &node, &target.rest).await);
     }
-    let sub = match target.subresource.as_str() {
-        "exec" => PodSubresource::Exec,
-        "attach" => PodSubresource::Attach,
-        "portforward" => PodSubresource::PortForward,
-        "log" => PodSubresource::Log,
-        _ => return Err(Failure::no_route()),
+    let Some(sub) = PodSubresource::from_name(&target.subresource) else {
+        return Err(Failure::no_route());
     };
     let pod_value = app
         .store
