@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use relaylet_sim::channel::{self, ChannelMessage, Protocol};
 use relaylet_sim::kubelet_proxy::{KubeletClient, PodSubresource};
 use relaylet_sim::serve::{Served, serve_tls};
-use relaylet_sim::spdy::{self, Connection, Role};
+use relaylet_sim::spdy;
 use relaylet_sim::tls::{Ca, Identity};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -941,31 +941,9 @@ async fn port_forward_tunnels_spdy_through_websocket() {
     .await
     .expect("in time")
     .expect("upgrade");
-    assert_eq!(
-        response
-            .headers()
-            .get(header::SEC_WEBSOCKET_PROTOCOL)
-            .map(|v| v.as_bytes()),
-        Some(&b"SPDY/3.1+portforward.k8s.io"[..])
-    );
-    // Bridge WebSocket binary messages to a byte pipe and speak SPDY over it, as kubectl does.
-    let ours = support::websocket_pipe(ws);
-    let (conn, _incoming) = Connection::new(ours, Role::Client);
-    let headers = |ty: &str| {
-        vec![
-            ("streamType".to_string(), ty.to_string()),
-            ("port".to_string(), "8080".to_string()),
-            ("requestID".to_string(), "0".to_string()),
-        ]
-    };
-    let _error = timeout(T, conn.open_stream(headers("error")))
-        .await
-        .expect("in time")
-        .expect("error stream");
-    let mut data = timeout(T, conn.open_stream(headers("data")))
-        .await
-        .expect("in time")
-        .expect("data stream");
+    // SPDY over the WebSocket's binary messages, as kubectl does.
+    let tunnel = support::tunnelled_port_forward(ws, &response, 8080, 0).await;
+    let mut data = tunnel.data;
     data.write_all(b"ping through the tunnel")
         .await
         .expect("write");

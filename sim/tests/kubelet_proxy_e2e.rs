@@ -24,7 +24,7 @@ use relaylet_sim::channel::{self, ChannelMessage, Protocol};
 use relaylet_sim::kubelet::{ContainerRun, Kubelet, KubeletConfig, PodRun};
 use relaylet_sim::kubelet_proxy::{KubeletClient, PodSubresource};
 use relaylet_sim::serve::{Served, serve_tls};
-use relaylet_sim::spdy::{self, Connection, Role};
+use relaylet_sim::spdy;
 use relaylet_sim::tls::{Ca, Identity};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -395,30 +395,9 @@ async fn spdy_port_forward_tunnelled_in_websocket() {
             "SPDY/3.1+portforward.k8s.io",
         )
         .await;
-    assert_eq!(
-        response
-            .headers()
-            .get(header::SEC_WEBSOCKET_PROTOCOL)
-            .map(|v| v.as_bytes()),
-        Some(&b"SPDY/3.1+portforward.k8s.io"[..])
-    );
-    let ours = support::websocket_pipe(ws);
-    let (conn, _incoming) = Connection::new(ours, Role::Client);
-    let headers = |ty: &str| {
-        vec![
-            ("streamType".to_string(), ty.to_string()),
-            ("port".to_string(), "8080".to_string()),
-            ("requestID".to_string(), "1".to_string()),
-        ]
-    };
-    let _error = timeout(T, conn.open_stream(headers("error")))
-        .await
-        .expect("in time")
-        .expect("error stream");
-    let mut data = timeout(T, conn.open_stream(headers("data")))
-        .await
-        .expect("in time")
-        .expect("data stream");
+    // SPDY over the WebSocket's binary messages, as kubectl does.
+    let tunnel = support::tunnelled_port_forward(ws, &response, 8080, 1).await;
+    let mut data = tunnel.data;
     let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
     let writer = async {
         data.write_all(&payload).await.expect("write");

@@ -1,14 +1,17 @@
 //! Helpers shared by the `kubelet_proxy*` tests, included by each with `#[path]`: a TCP echo
-//! server to port-forward to, and the byte pipe kubectl runs SPDY over inside a port-forward
-//! WebSocket tunnel.
+//! server to port-forward to, and SPDY port-forward streams over a WebSocket tunnel, the way
+//! kubectl 1.30+ does it.
 
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use futures::{Sink, SinkExt, Stream, StreamExt};
+use relaylet_sim::spdy::{Connection, Incoming, Role, Stream as SpdyStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpListener;
+use tokio::time::timeout;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 /// A TCP server on loopback that echoes every connection until its client half-closes.
@@ -62,4 +65,55 @@ where
         tokio::select! { _ = up => {}, _ = down => {} }
     });
     ours
+}
+
+/// One port-forward request spoken as SPDY inside a WebSocket tunnel.
+pub struct Tunnelled {
+    pub conn: Connection,
+    pub incoming: Incoming,
+    pub error: SpdyStream,
+    pub data: SpdyStream,
+}
+
+/// Checks that the server chose the tunnel protocol, then opens the `error` and `data` streams
+/// of request `request_id` to `port` through it.
+pub async fn tunnelled_port_forward<W>(
+    ws: W,
+    response: &http::Response<Option<Vec<u8>>>,
+    port: u16,
+    request_id: u32,
+) -> Tunnelled
+where
+    W: Stream<Item = Result<Message, WsError>> + Sink<Message> + Send + 'static,
+{
+    const T: Duration = Duration::from_secs(10);
+    assert_eq!(
+        response
+            .headers()
+            .get(http::header::SEC_WEBSOCKET_PROTOCOL)
+            .map(|v| v.as_bytes()),
+        Some(&b"SPDY/3.1+portforward.k8s.io"[..])
+    );
+    let (conn, incoming) = Connection::new(websocket_pipe(ws), Role::Client);
+    let headers = |ty: &str| {
+        vec![
+            ("streamType".to_string(), ty.to_string()),
+            ("port".to_string(), port.to_string()),
+            ("requestID".to_string(), request_id.to_string()),
+        ]
+    };
+    let error = timeout(T, conn.open_stream(headers("error")))
+        .await
+        .expect("in time")
+        .expect("error stream");
+    let data = timeout(T, conn.open_stream(headers("data")))
+        .await
+        .expect("in time")
+        .expect("data stream");
+    Tunnelled {
+        conn,
+        incoming,
+        error,
+        data,
+    }
 }
