@@ -19,7 +19,8 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 
 use crate::config::{Config, check_dns_label};
-use crate::warm_connector::WarmConnector;
+use crate::metrics::Metrics;
+use crate::warm_connector::{Sources, WarmConnector};
 
 /// The client for relayed streams: the same TLS settings, credentials and headers as
 /// `Client::try_from(config)`, but its TCP connections set `TCP_NODELAY`. kube's own connector
@@ -27,12 +28,12 @@ use crate::warm_connector::WarmConnector;
 /// until the previous one is acknowledged (measured by `relaylet bench`: p99 keystroke round
 /// trips of ~1.7 ms instead of ~0.15 ms). Its connector keeps a spare connection dialed for the
 /// next session (see [`WarmConnector`]).
-fn stream_client(config: &kube::Config) -> Result<Client, kube::Error> {
+fn stream_client(config: &kube::Config, sources: Sources) -> Result<Client, kube::Error> {
     use kube::client::ConfigExt;
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    let https = WarmConnector::new(config.rustls_https_connector_with_connector(http)?);
+    let https = WarmConnector::new(config.rustls_https_connector_with_connector(http)?, sources);
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, kube::client::Body>(https);
     let service = tower::ServiceBuilder::new()
@@ -94,11 +95,13 @@ pub enum LeafError {
 }
 
 impl Leaf {
-    /// Builds a leaf's clients from kubeconfig text.
+    /// Builds a leaf's clients from kubeconfig text; its stream connections are counted in
+    /// `metrics`.
     pub async fn from_kubeconfig(
         name: &str,
         node_name: &str,
         kubeconfig_yaml: &str,
+        metrics: &Metrics,
     ) -> Result<Leaf, LeafError> {
         let kubeconfig_err = |source| LeafError::Kubeconfig {
             leaf: name.to_string(),
@@ -121,7 +124,8 @@ impl Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
             client: Client::try_from(config).map_err(client_err)?,
-            stream_client: stream_client(&stream_config).map_err(client_err)?,
+            stream_client: stream_client(&stream_config, metrics.leaf_connection_sources(name))
+                .map_err(client_err)?,
             node_labels: BTreeMap::new(),
             node_taints: None,
         })
@@ -201,7 +205,11 @@ impl Registry {
 }
 
 /// Adds the `LEAF_KUBECONFIG` leaf, if configured.
-pub async fn load_static_leaf(config: &Config, registry: &Registry) -> anyhow::Result<()> {
+pub async fn load_static_leaf(
+    config: &Config,
+    registry: &Registry,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
     if let Some(leaf) = &config.static_leaf {
         let yaml = tokio::fs::read_to_string(&leaf.kubeconfig)
             .await
@@ -211,7 +219,9 @@ pub async fn load_static_leaf(config: &Config, registry: &Registry) -> anyhow::R
                     leaf.kubeconfig.display()
                 )
             })?;
-        let built = Leaf::from_kubeconfig(&leaf.name, &config.node_name(&leaf.name), &yaml).await?;
+        let built =
+            Leaf::from_kubeconfig(&leaf.name, &config.node_name(&leaf.name), &yaml, metrics)
+                .await?;
         registry.insert(built);
     }
     Ok(())
@@ -225,6 +235,7 @@ pub async fn watch_secrets(
     label: String,
     config: Arc<Config>,
     registry: Registry,
+    metrics: Metrics,
 ) {
     let api: Api<Secret> = Api::namespaced(root, &namespace);
     let watch_config = watcher::Config::default().labels(&label);
@@ -236,7 +247,9 @@ pub async fn watch_secrets(
         match event {
             Ok(watcher::Event::Init) => relisted.clear(),
             Ok(watcher::Event::InitApply(secret)) => {
-                if let Some(name) = apply_secret(&secret, &label, &config, &registry).await {
+                if let Some(name) =
+                    apply_secret(&secret, &label, &config, &registry, &metrics).await
+                {
                     relisted.push(name);
                 }
             }
@@ -248,7 +261,7 @@ pub async fn watch_secrets(
                     .store(true, std::sync::atomic::Ordering::Release);
             }
             Ok(watcher::Event::Apply(secret)) => {
-                apply_secret(&secret, &label, &config, &registry).await;
+                apply_secret(&secret, &label, &config, &registry, &metrics).await;
             }
             Ok(watcher::Event::Delete(secret)) => {
                 if let Some(name) = leaf_name(&secret, &label)
@@ -272,9 +285,10 @@ async fn apply_secret(
     label: &str,
     config: &Config,
     registry: &Registry,
+    metrics: &Metrics,
 ) -> Option<String> {
     let secret_name = secret.metadata.name.clone().unwrap_or_default();
-    match leaf_from_secret(secret, label, config).await {
+    match leaf_from_secret(secret, label, config, metrics).await {
         Ok(leaf) => {
             let name = leaf.name.clone();
             registry.insert(leaf);
@@ -292,6 +306,7 @@ async fn leaf_from_secret(
     secret: &Secret,
     label: &str,
     config: &Config,
+    metrics: &Metrics,
 ) -> Result<Leaf, LeafError> {
     let secret_name = secret.metadata.name.clone().unwrap_or_default();
     let bad = |message: String| LeafError::BadSecret {
@@ -317,7 +332,7 @@ async fn leaf_from_secret(
     let overrides =
         crate::virtual_node::overrides(&secret.metadata.annotations.clone().unwrap_or_default())
             .map_err(bad)?;
-    let mut leaf = Leaf::from_kubeconfig(&name, &node_name, yaml).await?;
+    let mut leaf = Leaf::from_kubeconfig(&name, &node_name, yaml, metrics).await?;
     leaf.node_labels = overrides.labels;
     leaf.node_taints = overrides.taints;
     Ok(leaf)

@@ -66,7 +66,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     let config = Arc::new(config);
     let metrics = metrics::Metrics::new();
     let (health, metrics_addr) = serve_health(&config, &metrics, &shutdown).await?;
-    let registry = watch_leaves(&config, &root, &shutdown).await?;
+    let registry = watch_leaves(&config, &root, &metrics, &shutdown).await?;
     let pods = pod_index::PodIndex::new(root.clone(), registry.clone());
     spawn_until(&shutdown, pods.clone().run());
     let leadership = elect_leader(&config, &root, &metrics, &shutdown);
@@ -129,10 +129,11 @@ async fn serve_health(
 async fn watch_leaves(
     config: &Arc<Config>,
     root: &Client,
+    metrics: &metrics::Metrics,
     shutdown: &Shutdown,
 ) -> anyhow::Result<Registry> {
     let registry = Registry::default();
-    leaf::load_static_leaf(config, &registry).await?;
+    leaf::load_static_leaf(config, &registry, metrics).await?;
     let secret_namespace = config
         .leaf_secret_namespace
         .clone()
@@ -146,6 +147,7 @@ async fn watch_leaves(
             config.leaf_secret_label.clone(),
             config.clone(),
             registry.clone(),
+            metrics.clone(),
         ),
     );
     Ok(registry)

@@ -20,6 +20,8 @@ pub type SessionLabels = [(&'static str, String); 2];
 pub type ResultLabels = [(&'static str, String); 3];
 /// A single label.
 pub type OneLabel = [(&'static str, String); 1];
+/// Labels of a connection to a leaf: `leaf` and `source` (`spare` or `dialed`).
+pub type LeafConnectionLabels = [(&'static str, String); 2];
 
 /// The Content-Type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -47,6 +49,9 @@ pub struct Metrics {
     /// Authentication and authorization outcomes on the kubelet port, by `decision`
     /// (`allowed`, `denied`, `unauthenticated`, `error`).
     pub auth_decisions: Family<OneLabel, Counter>,
+    /// Connections the stream clients opened to leaves, by leaf and by whether the spare
+    /// connection served it (`source="spare"`) or the session had to dial (`"dialed"`).
+    pub leaf_connections: Family<LeafConnectionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -115,6 +120,12 @@ impl Metrics {
             "Kubelet-port authentication and authorization outcomes by decision",
             auth_decisions.clone(),
         );
+        let leaf_connections = Family::<LeafConnectionLabels, Counter>::default();
+        registry.register(
+            "leaf_connections",
+            "Connections relayed calls took to a leaf apiserver, by leaf and source (spare: dialed ahead of the session; dialed: by the session)",
+            leaf_connections.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             sessions_active,
@@ -126,6 +137,20 @@ impl Metrics {
             node_write_errors,
             leader,
             auth_decisions,
+            leaf_connections,
+        }
+    }
+
+    /// The counters of connections to `leaf` served by its spare and dialed by the session.
+    pub fn leaf_connection_sources(&self, leaf: &str) -> crate::warm_connector::Sources {
+        let counter = |source: &str| {
+            self.leaf_connections
+                .get_or_create(&[("leaf", leaf.to_string()), ("source", source.to_string())])
+                .clone()
+        };
+        crate::warm_connector::Sources {
+            spare: counter("spare"),
+            dialed: counter("dialed"),
         }
     }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use http::Uri;
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -38,6 +39,16 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct WarmConnector<C: Service<Uri>> {
     inner: C,
     shared: Arc<Shared<C::Response>>,
+    sources: Sources,
+}
+
+/// Counts the connections handed out, by where they came from.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    /// Served by the spare.
+    pub spare: Counter,
+    /// Dialed for the caller (no spare, or it was lost).
+    pub dialed: Counter,
 }
 
 impl<C: Service<Uri> + Clone> Clone for WarmConnector<C> {
@@ -45,6 +56,7 @@ impl<C: Service<Uri> + Clone> Clone for WarmConnector<C> {
         WarmConnector {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            sources: self.sources.clone(),
         }
     }
 }
@@ -93,9 +105,10 @@ impl<S> Slot<S> {
 }
 
 impl<C: Service<Uri>> WarmConnector<C> {
-    pub fn new(inner: C) -> WarmConnector<C> {
+    pub fn new(inner: C, sources: Sources) -> WarmConnector<C> {
         WarmConnector {
             inner,
+            sources,
             shared: Arc::new(Shared {
                 slot: Mutex::new(Slot {
                     spare: None,
@@ -129,6 +142,7 @@ where
         let own_dial = readied.call(uri.clone());
         let dialer = self.inner.clone();
         let shared = self.shared.clone();
+        let sources = self.sources.clone();
         Box::pin(async move {
             let spare = {
                 let mut slot = shared.lock();
@@ -143,8 +157,14 @@ where
                 tokio::spawn(keep_spare(Arc::downgrade(&shared), dialer, uri));
             }
             match taken {
-                Some(stream) => Ok(stream),
-                None => own_dial.await.map_err(Into::into),
+                Some(stream) => {
+                    sources.spare.inc();
+                    Ok(stream)
+                }
+                None => {
+                    sources.dialed.inc();
+                    own_dial.await.map_err(Into::into)
+                }
             }
         })
     }
@@ -311,7 +331,7 @@ mod tests {
     /// A connector that has made one connection (dial 0, dropped) and has its spare (dial 1).
     async fn after_one_call() -> (Pipes, WarmConnector<Pipes>) {
         let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone());
+        let mut connector = WarmConnector::new(pipes.clone(), Sources::default());
         drop(connector.call(uri("leaf:6443")).await.unwrap());
         settle().await;
         (pipes, connector)
@@ -320,15 +340,18 @@ mod tests {
     #[tokio::test]
     async fn the_next_call_gets_the_spare_dialed_after_the_previous_one() {
         let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone());
+        let sources = Sources::default();
+        let mut connector = WarmConnector::new(pipes.clone(), sources.clone());
         let first = connector.call(uri("leaf:6443")).await.unwrap();
         settle().await;
         assert_eq!(pipes.dials(), 2, "the call's own dial and one spare");
+        assert_eq!((sources.dialed.get(), sources.spare.get()), (1, 0));
         came_from(first, &pipes, 0).await;
 
         let second = connector.call(uri("leaf:6443")).await.unwrap();
         settle().await;
         assert_eq!(pipes.dials(), 3, "no own dial, one new spare");
+        assert_eq!((sources.dialed.get(), sources.spare.get()), (1, 1));
         came_from(second, &pipes, 1).await;
     }
 
@@ -367,7 +390,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_spare_dial_leaves_the_next_call_to_dial_and_report() {
         let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone());
+        let mut connector = WarmConnector::new(pipes.clone(), Sources::default());
         pipes.fail.store(true, Ordering::SeqCst);
         let err = connector.call(uri("leaf:6443")).await.err().unwrap();
         assert_eq!(err.to_string(), "refused");

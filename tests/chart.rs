@@ -1657,9 +1657,14 @@ async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
         "eyJhbGciOiJSUzI1NiJ9.service-account-token.sig"
     );
     // relaylet's own loader accepts it.
-    relaylet::leaf::Leaf::from_kubeconfig("leaf-a", "relaylet-leaf-a", &minted)
-        .await
-        .expect("relaylet loads the minted kubeconfig");
+    relaylet::leaf::Leaf::from_kubeconfig(
+        "leaf-a",
+        "relaylet-leaf-a",
+        &minted,
+        &relaylet::metrics::Metrics::new(),
+    )
+    .await
+    .expect("relaylet loads the minted kubeconfig");
 
     // A loopback server is flagged, and --leaf-server replaces it.
     let local = dir.0.join("local-kubeconfig");

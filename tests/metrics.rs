@@ -74,8 +74,12 @@ fn kubectl() -> relaylet_sim::tools::Kubectl {
     relaylet_sim::tools::kubectl("1.35").expect("kubectl 1.35: run tests/tools/install.sh")
 }
 
+/// Held by the tests that count exec sessions exactly or add some: they share one relaylet.
+static EXEC_COUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn sessions_move_the_counters_and_log_one_line_at_each_end() {
+    let _counting = EXEC_COUNTS.lock().unwrap_or_else(|p| p.into_inner());
     let e = env(settings);
     let k = kubectl();
     let exec = [("kind", "exec"), ("leaf", "leaf-1")];
@@ -195,6 +199,34 @@ fn sessions_move_the_counters_and_log_one_line_at_each_end() {
     assert!(
         ["completed", "client_closed"].contains(&end["result"].as_str().unwrap_or("")),
         "{end}"
+    );
+}
+
+/// relaylet dials the next leaf connection while a session runs, so the next session's
+/// upgrade goes out on a connection that is already open (`src/warm_connector.rs`).
+#[test]
+fn the_next_session_takes_the_spare_leaf_connection() {
+    let _counting = EXEC_COUNTS.lock().unwrap_or_else(|p| p.into_inner());
+    let e = env(settings);
+    let k = kubectl();
+    let spare = [("leaf", "leaf-2"), ("source", "spare")];
+    let before = scrape();
+    for n in 0..2 {
+        let word = format!("session-{n}");
+        let out = Run::new(&k, &e.kubeconfig, &["exec", "demo-2", "--", "echo", &word]).output();
+        assert_eq!(
+            text(&out.stdout),
+            format!("{word}\n"),
+            "{}",
+            describe(&k, &out)
+        );
+    }
+    let after = scrape();
+    let used = count(&after, "relaylet_leaf_connections_total", &spare)
+        - count(&before, "relaylet_leaf_connections_total", &spare);
+    assert!(
+        used >= 1.0,
+        "no exec on leaf-2 was served by the spare connection"
     );
 }
 
