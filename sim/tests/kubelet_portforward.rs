@@ -2,6 +2,8 @@
 //! WebSocket framing, and SPDY `portforward.k8s.io` with many concurrent requests. Payload
 //! integrity is checked with 1 MiB of pseudo-random data echoed by a real local TCP server.
 
+#[path = "proxy_support.rs"]
+mod proxy_support;
 #[path = "kubelet_support.rs"]
 mod support;
 
@@ -20,22 +22,6 @@ use tokio_tungstenite::tungstenite::Message;
 
 const T: Duration = Duration::from_secs(30);
 const MIB: usize = 1024 * 1024;
-
-/// A TCP echo server on loopback; runs until the test ends.
-async fn echo_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = conn.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    addr
-}
 
 /// An address nothing listens on.
 async fn dead_address() -> SocketAddr {
@@ -84,7 +70,7 @@ async fn echo_through<S: AsyncRead + AsyncWrite + Unpin>(stream: S, data: &[u8])
 async fn harness(test: &str) -> (Harness, SocketAddr) {
     support::init_crypto();
     let h = Harness::start(test).await;
-    let echo = echo_server().await;
+    let echo = proxy_support::echo_server().await;
     let dead = dead_address().await;
     let web = ContainerRun {
         ports: vec![(8080, echo), (9090, dead)],

@@ -1,4 +1,5 @@
-//! Helpers shared by the `kubelet_proxy*` tests, included by each with `#[path]`: a TCP echo
+//! Helpers shared by the `kubelet_proxy*` and `kubelet_portforward` tests, included by each with
+//! `#[path]`: a TCP echo
 //! server to port-forward to, and SPDY port-forward streams over a WebSocket tunnel, the way
 //! kubectl 1.30+ does it.
 
