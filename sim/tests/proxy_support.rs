@@ -1,7 +1,6 @@
 //! Helpers shared by the `kubelet_proxy*` and `kubelet_portforward` tests, included by each with
-//! `#[path]`: a TCP echo
-//! server to port-forward to, and SPDY port-forward streams over a WebSocket tunnel, the way
-//! kubectl 1.30+ does it.
+//! `#[path]`: a TCP echo server to port-forward to, and SPDY port-forward streams over a
+//! WebSocket tunnel, the way kubectl 1.30+ does it.
 
 #![allow(dead_code)]
 
