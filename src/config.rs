@@ -75,6 +75,9 @@ pub struct Config {
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
     pub leader_elect: bool,
+    /// Keep one connection to each leaf in use dialed ahead of the next session
+    /// (`LEAF_SPARE_CONNECTION`, default true; see `warm_connector`).
+    pub leaf_spare_connection: bool,
     pub metrics_addr: SocketAddr,
     pub log_format: LogFormat,
     pub limits: Limits,
@@ -259,14 +262,8 @@ impl Config {
 
         let shutdown_grace_period = vars.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(30));
 
-        let leader_elect = match vars.get("LEADER_ELECT") {
-            None => true,
-            Some(raw) => vars.parse("LEADER_ELECT", &raw, true, |v| match v {
-                "true" | "1" => Ok(true),
-                "false" | "0" => Ok(false),
-                _ => Err(format!("{v:?} is not true or false")),
-            }),
-        };
+        let leader_elect = vars.flag("LEADER_ELECT", true);
+        let leaf_spare_connection = vars.flag("LEAF_SPARE_CONNECTION", true);
 
         let metrics_addr = match vars.get("METRICS_ADDR") {
             None => SocketAddr::from(([0, 0, 0, 0], 9090)),
@@ -319,6 +316,7 @@ impl Config {
             pod_name: vars.get("POD_NAME"),
             pod_namespace: vars.get("POD_NAMESPACE"),
             leader_elect,
+            leaf_spare_connection,
             metrics_addr,
             log_format,
             shutdown_grace_period,
@@ -371,6 +369,18 @@ impl Vars<'_> {
                 self.error(var, &message);
                 fallback
             }
+        }
+    }
+
+    /// A boolean: `true`/`1` or `false`/`0`.
+    fn flag(&mut self, var: &'static str, default: bool) -> bool {
+        match self.get(var) {
+            None => default,
+            Some(raw) => self.parse(var, &raw, default, |v| match v {
+                "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(format!("{v:?} is not true or false")),
+            }),
         }
     }
 
@@ -503,7 +513,26 @@ mod tests {
         assert_eq!(c.leaf_secret_label, DEFAULT_LEAF_SECRET_LABEL);
         assert_eq!(c.node_name("leaf-1"), "relaylet-leaf-1");
         assert!(c.leader_elect);
+        assert!(c.leaf_spare_connection);
         assert_eq!(c.limits, Limits::default());
+    }
+
+    #[test]
+    fn flags_are_true_or_false() {
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_SPARE_CONNECTION", "false"),
+            ("LEADER_ELECT", "0"),
+        ])
+        .unwrap();
+        assert!(!c.leaf_spare_connection && !c.leader_elect);
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_SPARE_CONNECTION", "no"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "LEAF_SPARE_CONNECTION");
+        assert!(err.0[0].message.contains("\"no\" is not true or false"));
     }
 
     #[test]

@@ -28,12 +28,20 @@ use crate::warm_connector::{Sources, WarmConnector};
 /// until the previous one is acknowledged (measured by `relaylet bench`: p99 keystroke round
 /// trips of ~1.7 ms instead of ~0.15 ms). Its connector keeps a spare connection dialed for the
 /// next session (see [`WarmConnector`]).
-fn stream_client(config: &kube::Config, sources: Sources) -> Result<Client, kube::Error> {
+fn stream_client(
+    config: &kube::Config,
+    sources: Sources,
+    spare: bool,
+) -> Result<Client, kube::Error> {
     use kube::client::ConfigExt;
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    let https = WarmConnector::new(config.rustls_https_connector_with_connector(http)?, sources);
+    let https = WarmConnector::new(
+        config.rustls_https_connector_with_connector(http)?,
+        sources,
+        spare,
+    );
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, kube::client::Body>(https);
     let service = tower::ServiceBuilder::new()
@@ -96,12 +104,13 @@ pub enum LeafError {
 
 impl Leaf {
     /// Builds a leaf's clients from kubeconfig text; its stream connections are counted in
-    /// `metrics`.
+    /// `metrics`, and with `spare` one is kept dialed ahead of the next session.
     pub async fn from_kubeconfig(
         name: &str,
         node_name: &str,
         kubeconfig_yaml: &str,
         metrics: &Metrics,
+        spare: bool,
     ) -> Result<Leaf, LeafError> {
         let kubeconfig_err = |source| LeafError::Kubeconfig {
             leaf: name.to_string(),
@@ -124,8 +133,12 @@ impl Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
             client: Client::try_from(config).map_err(client_err)?,
-            stream_client: stream_client(&stream_config, metrics.leaf_connection_sources(name))
-                .map_err(client_err)?,
+            stream_client: stream_client(
+                &stream_config,
+                metrics.leaf_connection_sources(name),
+                spare,
+            )
+            .map_err(client_err)?,
             node_labels: BTreeMap::new(),
             node_taints: None,
         })
@@ -219,9 +232,14 @@ pub async fn load_static_leaf(
                     leaf.kubeconfig.display()
                 )
             })?;
-        let built =
-            Leaf::from_kubeconfig(&leaf.name, &config.node_name(&leaf.name), &yaml, metrics)
-                .await?;
+        let built = Leaf::from_kubeconfig(
+            &leaf.name,
+            &config.node_name(&leaf.name),
+            &yaml,
+            metrics,
+            config.leaf_spare_connection,
+        )
+        .await?;
         registry.insert(built);
     }
     Ok(())
@@ -332,7 +350,14 @@ async fn leaf_from_secret(
     let overrides =
         crate::virtual_node::overrides(&secret.metadata.annotations.clone().unwrap_or_default())
             .map_err(bad)?;
-    let mut leaf = Leaf::from_kubeconfig(&name, &node_name, yaml, metrics).await?;
+    let mut leaf = Leaf::from_kubeconfig(
+        &name,
+        &node_name,
+        yaml,
+        metrics,
+        config.leaf_spare_connection,
+    )
+    .await?;
     leaf.node_labels = overrides.labels;
     leaf.node_taints = overrides.taints;
     Ok(leaf)

@@ -40,6 +40,8 @@ pub struct WarmConnector<C: Service<Uri>> {
     inner: C,
     shared: Arc<Shared<C::Response>>,
     sources: Sources,
+    /// Off (`LEAF_SPARE_CONNECTION=false`), every call dials and no spare is kept.
+    enabled: bool,
 }
 
 /// Counts the connections handed out, by where they came from.
@@ -57,6 +59,7 @@ impl<C: Service<Uri> + Clone> Clone for WarmConnector<C> {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
             sources: self.sources.clone(),
+            enabled: self.enabled,
         }
     }
 }
@@ -105,10 +108,11 @@ impl<S> Slot<S> {
 }
 
 impl<C: Service<Uri>> WarmConnector<C> {
-    pub fn new(inner: C, sources: Sources) -> WarmConnector<C> {
+    pub fn new(inner: C, sources: Sources, enabled: bool) -> WarmConnector<C> {
         WarmConnector {
             inner,
             sources,
+            enabled,
             shared: Arc::new(Shared {
                 slot: Mutex::new(Slot {
                     spare: None,
@@ -143,6 +147,12 @@ where
         let dialer = self.inner.clone();
         let shared = self.shared.clone();
         let sources = self.sources.clone();
+        if !self.enabled {
+            return Box::pin(async move {
+                sources.dialed.inc();
+                own_dial.await.map_err(Into::into)
+            });
+        }
         Box::pin(async move {
             let spare = {
                 let mut slot = shared.lock();
@@ -331,7 +341,7 @@ mod tests {
     /// A connector that has made one connection (dial 0, dropped) and has its spare (dial 1).
     async fn after_one_call() -> (Pipes, WarmConnector<Pipes>) {
         let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone(), Sources::default());
+        let mut connector = WarmConnector::new(pipes.clone(), Sources::default(), true);
         drop(connector.call(uri("leaf:6443")).await.unwrap());
         settle().await;
         (pipes, connector)
@@ -341,7 +351,7 @@ mod tests {
     async fn the_next_call_gets_the_spare_dialed_after_the_previous_one() {
         let pipes = Pipes::default();
         let sources = Sources::default();
-        let mut connector = WarmConnector::new(pipes.clone(), sources.clone());
+        let mut connector = WarmConnector::new(pipes.clone(), sources.clone(), true);
         let first = connector.call(uri("leaf:6443")).await.unwrap();
         settle().await;
         assert_eq!(pipes.dials(), 2, "the call's own dial and one spare");
@@ -390,7 +400,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_spare_dial_leaves_the_next_call_to_dial_and_report() {
         let pipes = Pipes::default();
-        let mut connector = WarmConnector::new(pipes.clone(), Sources::default());
+        let mut connector = WarmConnector::new(pipes.clone(), Sources::default(), true);
         pipes.fail.store(true, Ordering::SeqCst);
         let err = connector.call(uri("leaf:6443")).await.err().unwrap();
         assert_eq!(err.to_string(), "refused");
@@ -429,6 +439,20 @@ mod tests {
 
         let conn = connector.call(uri("leaf:6443")).await.unwrap();
         came_from(conn, &pipes, renewed).await;
+    }
+
+    #[tokio::test]
+    async fn switched_off_every_call_dials_and_nothing_is_kept() {
+        let pipes = Pipes::default();
+        let sources = Sources::default();
+        let mut connector = WarmConnector::new(pipes.clone(), sources.clone(), false);
+        for dial in 0..3 {
+            let conn = connector.call(uri("leaf:6443")).await.unwrap();
+            settle().await;
+            came_from(conn, &pipes, dial).await;
+        }
+        assert_eq!(pipes.dials(), 3);
+        assert_eq!((sources.dialed.get(), sources.spare.get()), (3, 0));
     }
 
     #[tokio::test]

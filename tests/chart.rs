@@ -964,6 +964,7 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
         Some(IntOrString::Int(1))
     );
     assert_eq!(r.env_value("LEADER_ELECT"), Some("true"));
+    assert_eq!(r.env_value("LEAF_SPARE_CONNECTION"), Some("true"));
     assert_eq!(r.env_value("AUTH_MODE"), Some("webhook"));
     assert_eq!(r.env_value("PREFERRED-ADDRESS-TYPE"), Some("InternalDNS"));
     assert_eq!(r.env_value("NODE_SERVER_PORT"), Some("10250"));
@@ -1165,6 +1166,8 @@ fn network_policy_opens_the_kubelet_port_to_the_control_plane_only() {
     let set = ValueSet::ci("network-policy");
     let values = set.file_values();
     let r = Rendered::render(&set);
+    assert_eq!(r.env_value("LEAF_SPARE_CONNECTION"), Some("false"));
+    assert_eq!(r.env_value("STREAM_IDLE_TIMEOUT"), Some("1h30m"));
     assert_eq!(r.network_policies.len(), 1);
     let spec = r.network_policies[0].spec.as_ref().unwrap();
     assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
@@ -1662,6 +1665,7 @@ async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
         "relaylet-leaf-a",
         &minted,
         &relaylet::metrics::Metrics::new(),
+        true,
     )
     .await
     .expect("relaylet loads the minted kubeconfig");
