@@ -288,15 +288,6 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
         return status::response(err.status(), err.to_string());
     }
     server.metrics.auth_decision("allowed");
-    let span = tracing::info_span!(
-        "kubelet_call",
-        kind = %kreq.kind,
-        namespace = %kreq.namespace,
-        pod = %kreq.pod,
-        container = %kreq.container,
-        leaf = %leaf.name,
-        user = %caller.user,
-    );
     let permit = if kreq.kind.is_streaming() {
         match server.gate.session(&caller.user) {
             Ok(permit) => Some(permit),
@@ -318,6 +309,7 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
         leaf: leaf.name.clone(),
         node: route.node_name.clone(),
     };
+    let span = info.span();
     async move {
         server
             .relay

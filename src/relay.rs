@@ -157,15 +157,7 @@ impl Relay {
                 let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
                     Ok(both) => both,
                     Err(err) => {
-                        let info = session.info();
-                        tracing::warn!(
-                            %err,
-                            namespace = %info.namespace,
-                            pod = %info.pod,
-                            container = %info.container,
-                            leaf = %info.leaf,
-                            "upgrade did not complete"
-                        );
+                        tracing::warn!(parent: &session.info().span(), %err, "upgrade did not complete");
                         session.set_result(session::Result::UpgradeFailed);
                         return;
                     }
@@ -178,12 +170,8 @@ impl Relay {
                         read_ahead: parts.read_buf,
                     },
                     Err(_) => {
-                        let info = session.info();
                         tracing::error!(
-                            namespace = %info.namespace,
-                            pod = %info.pod,
-                            container = %info.container,
-                            leaf = %info.leaf,
+                            parent: &session.info().span(),
                             "caller connection is not the TLS stream the node server accepted"
                         );
                         session.set_result(session::Result::UpgradeFailed);
@@ -214,7 +202,8 @@ impl Relay {
             // slot in tracing-subscriber's registry per open session, and the registry keeps
             // the slots (and the heap pages they pin) after the sessions end: 30 MB stayed
             // resident after 9,500 sessions closed (`relaylet bench`). The session's log
-            // lines name it themselves, so the task's span is enabled only at debug level.
+            // lines name it themselves (its two warnings take the call's span for the moment
+            // they are logged), so the task's span is enabled only at debug level.
             .instrument(tracing::debug_span!("splice")),
         );
         answer.body(Body::empty()).unwrap_or_else(|err| {

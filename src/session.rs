@@ -27,6 +27,21 @@ pub struct SessionInfo {
     pub node: String,
 }
 
+impl SessionInfo {
+    /// The span a kubelet call runs in; events in it carry the call's fields.
+    pub fn span(&self) -> tracing::Span {
+        tracing::info_span!(
+            "kubelet_call",
+            kind = %self.kind,
+            namespace = %self.namespace,
+            pod = %self.pod,
+            container = %self.container,
+            leaf = %self.leaf,
+            user = %self.user,
+        )
+    }
+}
+
 /// How a session ended; the `result` label and log field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Result {
