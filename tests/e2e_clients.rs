@@ -158,23 +158,6 @@ fn a_hundred_concurrent_sessions_across_both_leaves() {
     });
 }
 
-/// A client of relaylet's kubelet API holding the root apiserver's kubelet client certificate.
-async fn kubelet_api_client(e: &Env) -> kube::Client {
-    let kubeconfig = e
-        .sandbox
-        .root
-        .kubeconfig(
-            relaylet_sim::cluster::APISERVER_KUBELET_CLIENT,
-            &["system:masters"],
-        )
-        .unwrap()
-        .replace(
-            &e.sandbox.root.api.url(),
-            &format!("https://{}", e.sandbox.relaylet.addr),
-        );
-    kube_client(&kubeconfig).await.unwrap()
-}
-
 async fn status_of(client: &kube::Client, path: &str) -> (u16, String) {
     let request = http::Request::post(path).body(Vec::new()).unwrap();
     match client.request_text(request).await {
@@ -197,7 +180,7 @@ async fn get_status_of(client: &kube::Client, path: &str) -> (u16, String) {
 fn errors_name_what_is_wrong() {
     let e = env(settings);
     RT.block_on(async {
-        let client = kubelet_api_client(e).await;
+        let client = e.kubelet_api_client().await;
         let (code, message) = status_of(
             &client,
             "/exec/default/no-such-pod/main?command=true&output=1",

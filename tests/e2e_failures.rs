@@ -22,13 +22,7 @@ fn settings() -> Settings {
 /// Opens a SPDY exec to relaylet's kubelet API as the root apiserver would (its kubelet client
 /// certificate), offering v4 like client-go.
 async fn spdy_exec(e: &support::Env, query: &str) -> (Connection, Stream, Stream) {
-    let id = e
-        .sandbox
-        .root
-        .ca
-        .issue_client("kube-apiserver-kubelet-client", &["system:masters"])
-        .unwrap();
-    let tls = relaylet_sim::tls::client_config(e.sandbox.root.ca.root_store(), Some(&id)).unwrap();
+    let tls = e.kubelet_api_tls(Some(&e.kubelet_client_identity()));
     let url = format!(
         "https://{}/exec/default/demo-1/main?{query}",
         e.sandbox.relaylet.addr
@@ -133,25 +127,7 @@ fn an_unreachable_leaf_is_a_502_naming_it_and_a_lost_leaf_a_503_naming_the_node(
         )
         .expect("delete the leaf Secret");
     RT.block_on(async {
-        let kubeconfig = e
-            .sandbox
-            .root
-            .kubeconfig(
-                relaylet_sim::cluster::APISERVER_KUBELET_CLIENT,
-                &["system:masters"],
-            )
-            .unwrap()
-            .replace(
-                &e.sandbox.root.api.url(),
-                &format!("https://{}", e.sandbox.relaylet.addr),
-            );
-        // No client-side retries: kube's default policy would retry the 503 for minutes.
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
-        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .unwrap();
-        config.default_retry = false;
-        let client = kube::Client::try_from(config).unwrap();
+        let client = e.kubelet_api_client().await;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let request = http::Request::get("/containerLogs/default/demo-2/main")

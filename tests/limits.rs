@@ -23,18 +23,7 @@ fn settings() -> Settings {
 }
 
 async fn connect(e: &support::Env) -> TlsStream<TcpStream> {
-    let id = e
-        .sandbox
-        .root
-        .ca
-        .issue_client("kube-apiserver-kubelet-client", &["system:masters"])
-        .unwrap();
-    let config =
-        relaylet_sim::tls::client_config(e.sandbox.root.ca.root_store(), Some(&id)).unwrap();
-    let tcp = TcpStream::connect(e.sandbox.relaylet.addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
+    e.connect_kubelet_api(Some(&e.kubelet_client_identity()))
         .await
         .unwrap()
 }

@@ -37,13 +37,7 @@ fn settings() -> Settings {
 
 /// A TLS connection to relaylet trusting the root CA (which signed its serving certificate).
 async fn connect(e: &Env, identity: Option<&Identity>) -> std::io::Result<TlsStream<TcpStream>> {
-    let config = relaylet_sim::tls::client_config(e.sandbox.root.ca.root_store(), identity)
-        .map_err(std::io::Error::other)?;
-    let tcp = TcpStream::connect(e.sandbox.relaylet.addr).await?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
+    e.connect_kubelet_api(identity).await
 }
 
 /// Sends a raw HTTP/1.1 request and reads the whole answer (the server closes or the body ends).
@@ -260,12 +254,7 @@ fn a_rotated_serving_certificate_is_served_on_the_next_handshake() {
 #[test]
 fn hostile_requests_get_clear_answers_and_the_server_stays_up() {
     let e = env(settings);
-    let admin = e
-        .sandbox
-        .root
-        .ca
-        .issue_client("kube-apiserver-kubelet-client", &["system:masters"])
-        .unwrap();
+    let admin = e.kubelet_client_identity();
     RT.block_on(async {
         let ask = |head: String| {
             let admin = admin.clone();
@@ -327,12 +316,7 @@ fn hostile_requests_get_clear_answers_and_the_server_stays_up() {
 #[test]
 fn random_requests_always_get_an_answer() {
     let e = env(settings);
-    let admin = e
-        .sandbox
-        .root
-        .ca
-        .issue_client("kube-apiserver-kubelet-client", &["system:masters"])
-        .unwrap();
+    let admin = e.kubelet_client_identity();
     let mut seed: u64 = 0x5eed_1234_abcd_0001;
     let mut next = move || {
         seed ^= seed << 13;

@@ -9,6 +9,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use relaylet::sandbox::{Sandbox, Settings};
+use relaylet_sim::cluster::APISERVER_KUBELET_CLIENT;
+use relaylet_sim::tls::Identity;
 use relaylet_sim::tools::Kubectl;
 use tokio::runtime::Runtime;
 
@@ -44,6 +46,58 @@ pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
             }
         })
     })
+}
+
+impl Env {
+    /// The client certificate the root apiserver presents to kubelets (`system:masters`).
+    pub fn kubelet_client_identity(&self) -> Identity {
+        self.sandbox
+            .root
+            .ca
+            .issue_client(APISERVER_KUBELET_CLIENT, &["system:masters"])
+            .expect("kubelet client certificate")
+    }
+
+    /// TLS settings for relaylet's kubelet API: the root CA, and `identity` if given.
+    pub fn kubelet_api_tls(
+        &self,
+        identity: Option<&Identity>,
+    ) -> std::sync::Arc<rustls::ClientConfig> {
+        relaylet_sim::tls::client_config(self.sandbox.root.ca.root_store(), identity)
+            .expect("client TLS settings")
+    }
+
+    /// A TLS connection to relaylet's kubelet API, presenting `identity` if given.
+    pub async fn connect_kubelet_api(
+        &self,
+        identity: Option<&Identity>,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let tcp = tokio::net::TcpStream::connect(self.sandbox.relaylet.addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("server name");
+        tokio_rustls::TlsConnector::from(self.kubelet_api_tls(identity))
+            .connect(name, tcp)
+            .await
+    }
+
+    /// A kube client of relaylet's kubelet API holding the root apiserver's kubelet client
+    /// certificate. No client-side retries: kube's default policy retries a 503 for minutes.
+    pub async fn kubelet_api_client(&self) -> kube::Client {
+        let kubeconfig = self
+            .sandbox
+            .root
+            .kubeconfig(APISERVER_KUBELET_CLIENT, &["system:masters"])
+            .expect("kubeconfig")
+            .replace(
+                &self.sandbox.root.api.url(),
+                &format!("https://{}", self.sandbox.relaylet.addr),
+            );
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).expect("kubeconfig");
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("client config");
+        config.default_retry = false;
+        kube::Client::try_from(config).expect("client")
+    }
 }
 
 /// The kubectl versions the end-to-end tests use: an old SPDY-only one, a WebSocket-first one
