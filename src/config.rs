@@ -10,6 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::counterpart::{LeafPodMatch, NamespaceMap};
+
 /// The label that marks a Secret as a leaf cluster's kubeconfig; its value is the leaf name.
 pub const DEFAULT_LEAF_SECRET_LABEL: &str = "relaylet.io/leaf-cluster";
 
@@ -46,6 +48,8 @@ pub enum LogFormat {
 pub struct StaticLeaf {
     pub name: String,
     pub kubeconfig: PathBuf,
+    /// `LEAF_NAMESPACE_MAP`: root namespace → leaf namespace (see `counterpart`).
+    pub namespaces: NamespaceMap,
 }
 
 /// Where the serving certificate comes from.
@@ -75,6 +79,8 @@ pub struct Config {
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
     pub leader_elect: bool,
+    /// What proves a leaf pod is a root pod's counterpart (`LEAF_POD_MATCH`, `LEAF_POD_MARKER`).
+    pub leaf_pod_match: LeafPodMatch,
     /// Keep one connection to each leaf in use dialed ahead of the next session
     /// (`LEAF_SPARE_CONNECTION`, default true; see `warm_connector`).
     pub leaf_spare_connection: bool,
@@ -221,9 +227,19 @@ impl Config {
                 if let Err(message) = check_dns_label(&name) {
                     vars.error("LEAF_CLUSTER_NAME", &message);
                 }
+                let namespaces = match vars.get("LEAF_NAMESPACE_MAP") {
+                    None => NamespaceMap::default(),
+                    Some(raw) => vars.parse(
+                        "LEAF_NAMESPACE_MAP",
+                        &raw,
+                        NamespaceMap::default(),
+                        NamespaceMap::parse,
+                    ),
+                };
                 Some(StaticLeaf {
                     name,
                     kubeconfig: path.into(),
+                    namespaces,
                 })
             }
             (None, Some(_)) => {
@@ -233,7 +249,15 @@ impl Config {
                 );
                 None
             }
-            (None, None) => None,
+            (None, None) => {
+                if vars.get("LEAF_NAMESPACE_MAP").is_some() {
+                    vars.error(
+                        "LEAF_NAMESPACE_MAP",
+                        "set without LEAF_KUBECONFIG: a leaf Secret carries its map in its relaylet.io/namespace-map annotation",
+                    );
+                }
+                None
+            }
         };
 
         let node_name_prefix = vars
@@ -263,6 +287,22 @@ impl Config {
         let shutdown_grace_period = vars.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(30));
 
         let leader_elect = vars.flag("LEADER_ELECT", true);
+        let leaf_pod_match = {
+            let mode = vars.get("LEAF_POD_MATCH");
+            let marker = vars.get("LEAF_POD_MARKER");
+            match LeafPodMatch::parse(mode.as_deref(), marker.as_deref()) {
+                Ok(rule) => rule,
+                Err(message) => {
+                    let known = ["root-uid", "label", "name"];
+                    let var = match &mode {
+                        Some(m) if !known.contains(&m.as_str()) => "LEAF_POD_MATCH",
+                        _ => "LEAF_POD_MARKER",
+                    };
+                    vars.error(var, &message);
+                    LeafPodMatch::default()
+                }
+            }
+        };
         let leaf_spare_connection = vars.flag("LEAF_SPARE_CONNECTION", true);
 
         let metrics_addr = match vars.get("METRICS_ADDR") {
@@ -316,6 +356,7 @@ impl Config {
             pod_name: vars.get("POD_NAME"),
             pod_namespace: vars.get("POD_NAMESPACE"),
             leader_elect,
+            leaf_pod_match,
             leaf_spare_connection,
             metrics_addr,
             log_format,

@@ -47,6 +47,16 @@ impl Kind {
     pub fn is_streaming(self) -> bool {
         !matches!(self, Kind::ContainerLogs)
     }
+
+    /// The methods the kubelet serves this call with (`pkg/kubelet/server/server.go`): GET and
+    /// POST for the streaming calls, GET for logs. Anything else is a 405, never relayed.
+    pub fn methods(self) -> &'static [http::Method] {
+        if self.is_streaming() {
+            &[http::Method::GET, http::Method::POST]
+        } else {
+            &[http::Method::GET]
+        }
+    }
 }
 
 impl fmt::Display for Kind {

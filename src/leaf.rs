@@ -19,6 +19,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 
 use crate::config::{Config, check_dns_label};
+use crate::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
 use crate::metrics::Metrics;
 use crate::warm_connector::{Sources, WarmConnector};
 
@@ -72,6 +73,9 @@ pub struct Leaf {
     pub node_labels: BTreeMap<String, String>,
     /// Taints replacing the default one (Secret annotation `relaylet.io/node-taints`).
     pub node_taints: Option<Vec<Taint>>,
+    /// Root namespace → leaf namespace (Secret annotation `relaylet.io/namespace-map`, or
+    /// `LEAF_NAMESPACE_MAP`); the administrator's, never a pod author's.
+    pub namespaces: NamespaceMap,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -141,6 +145,7 @@ impl Leaf {
             .map_err(client_err)?,
             node_labels: BTreeMap::new(),
             node_taints: None,
+            namespaces: NamespaceMap::default(),
         })
     }
 }
@@ -232,7 +237,7 @@ pub async fn load_static_leaf(
                     leaf.kubeconfig.display()
                 )
             })?;
-        let built = Leaf::from_kubeconfig(
+        let mut built = Leaf::from_kubeconfig(
             &leaf.name,
             &config.node_name(&leaf.name),
             &yaml,
@@ -240,6 +245,7 @@ pub async fn load_static_leaf(
             config.leaf_spare_connection,
         )
         .await?;
+        built.namespaces = leaf.namespaces.clone();
         registry.insert(built);
     }
     Ok(())
@@ -347,9 +353,13 @@ async fn leaf_from_secret(
         .ok_or_else(|| bad(format!("no {KUBECONFIG_KEY:?} key")))?;
     let yaml = std::str::from_utf8(&data.0)
         .map_err(|_| bad(format!("{KUBECONFIG_KEY:?} is not UTF-8")))?;
-    let overrides =
-        crate::virtual_node::overrides(&secret.metadata.annotations.clone().unwrap_or_default())
-            .map_err(bad)?;
+    let annotations = secret.metadata.annotations.clone().unwrap_or_default();
+    let overrides = crate::virtual_node::overrides(&annotations).map_err(bad)?;
+    let namespaces = match annotations.get(NAMESPACE_MAP_ANNOTATION) {
+        None => NamespaceMap::default(),
+        Some(text) => NamespaceMap::parse(text)
+            .map_err(|m| bad(format!("annotation {NAMESPACE_MAP_ANNOTATION}: {m}")))?,
+    };
     let mut leaf = Leaf::from_kubeconfig(
         &name,
         &node_name,
@@ -360,5 +370,6 @@ async fn leaf_from_secret(
     .await?;
     leaf.node_labels = overrides.labels;
     leaf.node_taints = overrides.taints;
+    leaf.namespaces = namespaces;
     Ok(leaf)
 }

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod bench;
 pub mod client_ca;
 pub mod config;
+pub mod counterpart;
 pub mod health;
 pub mod kubelet_request;
 pub mod leader;
@@ -278,6 +279,7 @@ impl KubeletApi {
         let stats = Arc::new(resource_metrics::NodeStats::new(
             self.root.clone(),
             self.registry.clone(),
+            self.config.leaf_pod_match.clone(),
         ));
         move |node: Option<String>| {
             Arc::new(node_server::NodeServer {
@@ -290,6 +292,7 @@ impl KubeletApi {
                 stats: stats.clone(),
                 node,
                 node_name_prefix: self.config.node_name_prefix.clone(),
+                leaf_pod_match: self.config.leaf_pod_match.clone(),
             })
         }
     }

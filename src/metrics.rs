@@ -52,6 +52,9 @@ pub struct Metrics {
     /// Connections the stream clients opened to leaves, by leaf and by whether the spare
     /// connection served it (`source="spare"`) or the session had to dial (`"dialed"`).
     pub leaf_connections: Family<LeafConnectionLabels, Counter>,
+    /// Calls refused because their root pod's leaf pod did not prove to be its counterpart, by
+    /// leaf and reason (see `counterpart`). Per-pod detail is in the log, not in labels.
+    pub counterpart_refusals: Family<LeafConnectionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -126,6 +129,12 @@ impl Metrics {
             "Connections relayed calls took to a leaf apiserver, by leaf and source (spare: dialed ahead of the session; dialed: by the session)",
             leaf_connections.clone(),
         );
+        let counterpart_refusals = Family::<LeafConnectionLabels, Counter>::default();
+        registry.register(
+            "counterpart_refusals",
+            "Calls refused because the leaf pod did not prove to be the root pod's counterpart, by leaf and reason",
+            counterpart_refusals.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             sessions_active,
@@ -138,6 +147,7 @@ impl Metrics {
             leader,
             auth_decisions,
             leaf_connections,
+            counterpart_refusals,
         }
     }
 
@@ -165,6 +175,13 @@ impl Metrics {
     pub fn auth_decision(&self, decision: &'static str) {
         self.auth_decisions
             .get_or_create(&[("decision", decision.to_string())])
+            .inc();
+    }
+
+    /// Counts one call refused for want of a proven leaf counterpart.
+    pub fn counterpart_refusal(&self, leaf: &str, reason: &'static str) {
+        self.counterpart_refusals
+            .get_or_create(&[("leaf", leaf.to_string()), ("reason", reason.to_string())])
             .inc();
     }
 

@@ -22,6 +22,7 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use crate::auth::{Access, Authenticator};
+use crate::counterpart::{self, LeafPodMatch, RootPod};
 use crate::kubelet_request::{KubeletRequest, RequestError};
 use crate::leaf::Registry;
 use crate::limits::Gate;
@@ -60,6 +61,8 @@ pub struct NodeServer {
     pub node: Option<String>,
     /// `NODE_NAME_PREFIX`: a pod on a node with this prefix but no leaf has lost its leaf.
     pub node_name_prefix: String,
+    /// What proves a leaf pod to be a root pod's counterpart (`LEAF_POD_MATCH`).
+    pub leaf_pod_match: LeafPodMatch,
 }
 
 impl NodeServer {
@@ -241,7 +244,26 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
         }
         Err(err) => return status::response(StatusCode::BAD_REQUEST, err.to_string()),
     };
-    let route = match server.pods.route(&kreq.namespace, &kreq.pod).await {
+    if let Some(refusal) = unserved(&kreq, &req) {
+        return refusal;
+    }
+
+    // Authorize before saying anything about the pod (whether it exists, its UID, its node),
+    // like the kubelet: against the pod's node when it is on one, else against every node.
+    let route = server.pods.route(&kreq.namespace, &kreq.pod).await;
+    let access_node = match &route {
+        Ok(route) => route.node_name.as_str(),
+        Err(_) => server.node.as_deref().unwrap_or(""),
+    };
+    let access = Access::for_call(kreq.kind, req.method(), access_node);
+    if let Err(err) = server.auth.authorize(&caller, &access).await {
+        server.count_auth_error(&err);
+        tracing::info!(user = %caller.user, verb = %access.verb, node = %access.node, "access denied");
+        return status::response(err.status(), err.to_string());
+    }
+    server.metrics.auth_decision("allowed");
+
+    let route = match route {
         Ok(route) => route,
         Err(RouteError::NotOnVirtualNode { node, .. })
             if !server.node_name_prefix.is_empty()
@@ -281,13 +303,32 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
             ),
         );
     };
-    let access = Access::for_call(kreq.kind, req.method(), &route.node_name);
-    if let Err(err) = server.auth.authorize(&caller, &access).await {
-        server.count_auth_error(&err);
-        tracing::info!(user = %caller.user, verb = %access.verb, node = %access.node, "access denied");
-        return status::response(err.status(), err.to_string());
-    }
-    server.metrics.auth_decision("allowed");
+
+    // The leaf pod is the one the administrator's mapping and the syncer's marker name, read
+    // fresh from the leaf: never one the root pod's author chose.
+    let root = RootPod {
+        namespace: &kreq.namespace,
+        name: &kreq.pod,
+        uid: route.uid.as_deref(),
+    };
+    let target = match counterpart::verify(&leaf, &server.leaf_pod_match, root).await {
+        Ok(target) => target,
+        Err(err) => {
+            server.metrics.counterpart_refusal(&leaf.name, err.reason());
+            tracing::warn!(
+                user = %caller.user,
+                verb = %kreq.kind,
+                namespace = %kreq.namespace,
+                pod = %kreq.pod,
+                leaf = %leaf.name,
+                rule = %server.leaf_pod_match,
+                %err,
+                "call refused: no proven leaf counterpart"
+            );
+            return status::response(err.status(), err.to_string());
+        }
+    };
+
     let permit = if kreq.kind.is_streaming() {
         match server.gate.session(&caller.user) {
             Ok(permit) => Some(permit),
@@ -299,7 +340,7 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
     } else {
         None
     };
-    let path = kreq.leaf_path(&route.leaf_namespace, &route.leaf_pod);
+    let path = kreq.leaf_path(&target.namespace, &target.name);
     let info = SessionInfo {
         kind: kreq.kind,
         user: caller.user.clone(),
@@ -307,6 +348,8 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
         pod: kreq.pod.clone(),
         container: kreq.container.clone(),
         leaf: leaf.name.clone(),
+        leaf_namespace: target.namespace,
+        leaf_pod: target.name,
         node: route.node_name.clone(),
     };
     let span = info.span();
@@ -318,6 +361,39 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
     }
     .instrument(span)
     .await
+}
+
+/// A 405 for a method the kubelet does not serve on this call, and a 400 for an upgrade that
+/// HTTP/1.0 cannot carry; checked before anything reaches the leaf.
+fn unserved(kreq: &KubeletRequest, req: &Request) -> Option<Response> {
+    let methods = kreq.kind.methods();
+    if !methods.contains(req.method()) {
+        let allowed: Vec<&str> = methods.iter().map(http::Method::as_str).collect();
+        let mut resp = status::response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!(
+                "{} is not served for {}; use {}",
+                req.method(),
+                kreq.kind,
+                allowed.join(" or ")
+            ),
+        );
+        if let Ok(value) = http::HeaderValue::from_str(&allowed.join(", ")) {
+            resp.headers_mut().insert(http::header::ALLOW, value);
+        }
+        return Some(resp);
+    }
+    if kreq.kind.is_streaming() && req.version() < http::Version::HTTP_11 {
+        return Some(status::response(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{} needs a connection upgrade, which {:?} cannot carry: use HTTP/1.1",
+                kreq.kind,
+                req.version()
+            ),
+        ));
+    }
+    None
 }
 
 impl NodeServer {

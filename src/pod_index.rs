@@ -4,6 +4,9 @@
 //! and a kubelet path names only namespace and pod. So relaylet finds the pod's node here, and
 //! from the node the leaf. One watch per virtual node (`spec.nodeName=<node>`), started and
 //! stopped as leaves come and go; a pod too fresh to be in the index costs one GET.
+//!
+//! Only what the root apiserver decides is kept (node, UID): which leaf pod stands for a root
+//! pod is `counterpart`'s business, and never read from the pod's own annotations.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -14,20 +17,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
+use crate::counterpart::NamespaceMap;
 use crate::leaf::Registry;
-
-/// Annotation on a root pod naming the leaf namespace, when it differs from the root's.
-pub const LEAF_NAMESPACE_ANNOTATION: &str = "relaylet.io/leaf-namespace";
-/// Annotation on a root pod naming the leaf pod, when it differs from the root's.
-pub const LEAF_POD_ANNOTATION: &str = "relaylet.io/leaf-pod";
 
 /// Where a root pod's requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRoute {
     pub node_name: String,
     pub uid: Option<String>,
-    pub leaf_namespace: String,
-    pub leaf_pod: String,
 }
 
 /// Why a pod cannot be routed.
@@ -109,12 +106,15 @@ impl PodIndex {
         })
     }
 
-    /// The leaf pods (leaf namespace, leaf name) that stand for root pods on virtual node `node`.
-    pub fn leaf_pods_on(&self, node: &str) -> HashSet<(String, String)> {
+    /// The leaf pods (leaf namespace, leaf name) that stand for root pods on virtual node `node`,
+    /// whose leaf maps namespaces with `namespaces`.
+    pub fn leaf_pods_on(&self, node: &str, namespaces: &NamespaceMap) -> HashSet<(String, String)> {
         read(&self.routes)
-            .values()
-            .filter(|r| r.node_name == node)
-            .map(|r| (r.leaf_namespace.clone(), r.leaf_pod.clone()))
+            .iter()
+            .filter(|(_, r)| r.node_name == node)
+            .filter_map(|((ns, name), _)| {
+                Some((namespaces.leaf_namespace(ns)?.to_string(), name.clone()))
+            })
             .collect()
     }
 
@@ -189,21 +189,10 @@ fn key_of(pod: &Pod) -> Option<Key> {
 }
 
 fn route_of(pod: &Pod) -> Option<PodRoute> {
-    let (namespace, name) = key_of(pod)?;
     let node_name = pod.spec.as_ref()?.node_name.clone()?;
-    let annotation = |key: &str| {
-        pod.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(key))
-            .filter(|v| !v.is_empty())
-            .cloned()
-    };
     Some(PodRoute {
         node_name,
         uid: pod.metadata.uid.clone(),
-        leaf_namespace: annotation(LEAF_NAMESPACE_ANNOTATION).unwrap_or(namespace),
-        leaf_pod: annotation(LEAF_POD_ANNOTATION).unwrap_or(name),
     })
 }
 
@@ -226,9 +215,11 @@ mod tests {
     }
 
     #[test]
-    fn route_defaults_to_same_namespace_and_name() {
+    fn a_route_is_the_node_and_uid_whatever_the_annotations_say() {
         let p = pod(serde_json::json!({
-            "metadata": {"namespace": "default", "name": "web", "uid": "u1"},
+            "metadata": {"namespace": "default", "name": "web", "uid": "u1",
+                "annotations": {"relaylet.io/leaf-namespace": "kube-system",
+                    "relaylet.io/leaf-pod": "secret-pod"}},
             "spec": {"nodeName": "relaylet-leaf-1", "containers": []}
         }));
         assert_eq!(
@@ -236,23 +227,7 @@ mod tests {
             PodRoute {
                 node_name: "relaylet-leaf-1".into(),
                 uid: Some("u1".into()),
-                leaf_namespace: "default".into(),
-                leaf_pod: "web".into()
             }
-        );
-    }
-
-    #[test]
-    fn annotations_remap_the_leaf_pod() {
-        let p = pod(serde_json::json!({
-            "metadata": {"namespace": "default", "name": "web",
-                "annotations": {LEAF_NAMESPACE_ANNOTATION: "tenant-a", LEAF_POD_ANNOTATION: "web-x1"}},
-            "spec": {"nodeName": "n", "containers": []}
-        }));
-        let r = route_of(&p).unwrap();
-        assert_eq!(
-            (r.leaf_namespace.as_str(), r.leaf_pod.as_str()),
-            ("tenant-a", "web-x1")
         );
     }
 

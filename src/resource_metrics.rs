@@ -2,9 +2,9 @@
 //! with it `kubectl top`) sees the pods of a virtual node like any kubelet's.
 //!
 //! The numbers come from the leaf cluster's `metrics.k8s.io` PodMetrics, for exactly the pods
-//! bound to the virtual node in the root cluster (renamed leaf pods are found through the
-//! `relaylet.io/leaf-*` annotations); node totals are the sum of those pods, never of the whole
-//! leaf. Pods are labelled with their *root* namespace and name, which is what metrics-server
+//! bound to the virtual node in the root cluster whose leaf counterparts prove to be theirs
+//! (`counterpart`: the administrator's namespace map and the syncer's marker, as for exec); node
+//! totals are the sum of those pods, never of the whole leaf. Pods are labelled with their *root* namespace and name, which is what metrics-server
 //! matches against.
 //!
 //! metrics.k8s.io gives a CPU *rate* (cores averaged over a window), while the kubelet exports
@@ -25,8 +25,8 @@ use kube::{Api, Client};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::counterpart::{self, LeafPod, LeafPodMatch, RootPod};
 use crate::leaf::{Leaf, Registry};
-use crate::pod_index::{LEAF_NAMESPACE_ANNOTATION, LEAF_POD_ANNOTATION};
 use crate::virtual_node::quantity::Milli;
 
 /// The Content-Type kubelets answer `/metrics/resource` with.
@@ -51,6 +51,12 @@ pub enum StatsError {
     },
     #[error("leaf {leaf} sent unreadable pod metrics: {message}")]
     BadMetrics { leaf: String, message: String },
+    #[error("listing pods in leaf {leaf}: {source}")]
+    LeafPods {
+        leaf: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// One container's usage, as relaylet exports it.
@@ -113,6 +119,7 @@ struct Counters {
 pub struct NodeStats {
     root: Client,
     registry: Registry,
+    rule: LeafPodMatch,
     counters: Mutex<Counters>,
 }
 
@@ -148,10 +155,12 @@ struct ContainerMetrics {
 }
 
 impl NodeStats {
-    pub fn new(root: Client, registry: Registry) -> NodeStats {
+    /// `rule` proves leaf pods to be root pods' counterparts (`LEAF_POD_MATCH`).
+    pub fn new(root: Client, registry: Registry, rule: LeafPodMatch) -> NodeStats {
         NodeStats {
             root,
             registry,
+            rule,
             counters: Mutex::new(Counters::default()),
         }
     }
@@ -176,9 +185,58 @@ impl NodeStats {
             .by_node(node)
             .ok_or_else(|| StatsError::NoLeaf(node.to_string()))?;
         let pods = self.pods(node).await?;
+        let proven = self.counterparts(&leaf, &pods).await?;
         let metrics = leaf_pod_metrics(&leaf).await?;
         let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(counters.combine(node, &pods, metrics, Timestamp::now()))
+        Ok(counters.combine(node, &proven, metrics, Timestamp::now()))
+    }
+
+    /// The root pods whose leaf counterparts prove to be theirs, with those leaf pods: one list
+    /// of the leaf's pod metadata per scrape, not a read per pod.
+    async fn counterparts<'p>(
+        &self,
+        leaf: &Leaf,
+        pods: &'p [Pod],
+    ) -> Result<Vec<(&'p Pod, LeafPod)>, StatsError> {
+        let targets = pods.iter().filter_map(|pod| {
+            let root = RootPod {
+                namespace: pod.metadata.namespace.as_deref()?,
+                name: pod.metadata.name.as_deref()?,
+                uid: pod.metadata.uid.as_deref(),
+            };
+            Some((pod, root, counterpart::target(leaf, root).ok()?))
+        });
+        if self.rule == LeafPodMatch::Name {
+            return Ok(targets.map(|(pod, _, target)| (pod, target)).collect());
+        }
+        let mut params = ListParams::default();
+        if let LeafPodMatch::Label { key, value } = &self.rule {
+            params = params.labels(&format!("{key}={value}"));
+        }
+        let api: Api<Pod> = Api::all(leaf.client.clone());
+        let listed = api
+            .list_metadata(&params)
+            .await
+            .map_err(|source| StatsError::LeafPods {
+                leaf: leaf.name.clone(),
+                source,
+            })?;
+        let leaf_pods: HashMap<(String, String), _> = listed
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                let key = (p.metadata.namespace.clone()?, p.metadata.name.clone()?);
+                Some((key, p.metadata))
+            })
+            .collect();
+        Ok(targets
+            .filter(|(_, root, target)| {
+                leaf_pods
+                    .get(&(target.namespace.clone(), target.name.clone()))
+                    .is_some_and(|meta| self.rule.refusal(root.uid, meta).is_none())
+            })
+            .map(|(pod, _, target)| (pod, target))
+            .collect())
     }
 }
 
@@ -187,7 +245,7 @@ impl Counters {
     fn combine(
         &mut self,
         node: &str,
-        pods: &[Pod],
+        pods: &[(&Pod, LeafPod)],
         metrics: Vec<PodMetrics>,
         now: Timestamp,
     ) -> NodeUsage {
@@ -199,8 +257,8 @@ impl Counters {
         let mut node_increment = 0.0;
         let mut seen = HashSet::new();
         let mut out = Vec::new();
-        for pod in pods {
-            let (leaf_ns, leaf_name) = leaf_name_of(pod);
+        for (pod, leaf_pod) in pods {
+            let (leaf_ns, leaf_name) = (&leaf_pod.namespace, &leaf_pod.name);
             let Some(m) = by_leaf_name.get(&(leaf_ns.clone(), leaf_name.clone())) else {
                 continue;
             };
@@ -286,22 +344,6 @@ impl Counters {
             pods: out,
         }
     }
-}
-
-/// The leaf namespace and name of a root pod.
-fn leaf_name_of(pod: &Pod) -> (String, String) {
-    let annotations = pod.metadata.annotations.as_ref();
-    let namespace = annotations
-        .and_then(|a| a.get(LEAF_NAMESPACE_ANNOTATION))
-        .cloned()
-        .or_else(|| pod.metadata.namespace.clone())
-        .unwrap_or_default();
-    let name = annotations
-        .and_then(|a| a.get(LEAF_POD_ANNOTATION))
-        .cloned()
-        .or_else(|| pod.metadata.name.clone())
-        .unwrap_or_default();
-    (namespace, name)
 }
 
 fn container_start(pod: &Pod, container: &str) -> Option<Timestamp> {
@@ -531,22 +573,29 @@ mod tests {
         assert_eq!(parse_go_duration(""), None);
     }
 
-    fn root_pod(name: &str, leaf_name: Option<&str>) -> Pod {
+    fn root_pod(name: &str) -> Pod {
         serde_json::from_value(json!({
-            "metadata": {
-                "name": name, "namespace": "default", "uid": format!("uid-{name}"),
-                "annotations": leaf_name
-                    .map(|l| json!({ LEAF_POD_ANNOTATION: l }))
-                    .unwrap_or(json!({})),
-            },
+            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
             "spec": {"nodeName": "vn", "containers": [{"name": "main"}]},
         }))
         .unwrap()
     }
 
-    fn leaf_metrics(name: &str, at: &str, cpu: &str, memory: &str) -> PodMetrics {
+    /// The root pod with its leaf counterpart, in leaf namespace `leaf_ns`.
+    fn proven<'p>(pod: &'p Pod, leaf_ns: &str) -> (&'p Pod, LeafPod) {
+        let name = pod.metadata.name.clone().unwrap();
+        (
+            pod,
+            LeafPod {
+                namespace: leaf_ns.into(),
+                name,
+            },
+        )
+    }
+
+    fn leaf_metrics(ns: &str, name: &str, at: &str, cpu: &str, memory: &str) -> PodMetrics {
         serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name, "namespace": ns},
             "timestamp": at,
             "window": "30s",
             "containers": [{"name": "main", "usage": {"cpu": cpu, "memory": memory}}],
@@ -558,15 +607,18 @@ mod tests {
     fn cpu_is_integrated_per_container_and_the_node_never_goes_back() {
         let mut c = Counters::default();
         let now = Timestamp::now();
-        // "b" runs in the leaf as "b-leaf"; "other" is in the leaf but not on the node.
-        let pods = vec![root_pod("a", None), root_pod("b", Some("b-leaf"))];
+        // "b" runs in leaf namespace "mapped"; "other" is in the leaf but not on the node, and
+        // "a" in "mapped" is another pod than root "a".
+        let (a, b) = (root_pod("a"), root_pod("b"));
+        let pods = vec![proven(&a, "default"), proven(&b, "mapped")];
         let first = c.combine(
             "vn",
             &pods,
             vec![
-                leaf_metrics("a", "2026-01-01T00:00:00Z", "100m", "1Mi"),
-                leaf_metrics("b-leaf", "2026-01-01T00:00:00Z", "1", "2Mi"),
-                leaf_metrics("other", "2026-01-01T00:00:00Z", "4", "1Gi"),
+                leaf_metrics("default", "a", "2026-01-01T00:00:00Z", "100m", "1Mi"),
+                leaf_metrics("mapped", "b", "2026-01-01T00:00:00Z", "1", "2Mi"),
+                leaf_metrics("default", "other", "2026-01-01T00:00:00Z", "4", "1Gi"),
+                leaf_metrics("mapped", "a", "2026-01-01T00:00:00Z", "2", "8Mi"),
             ],
             now,
         );
@@ -581,7 +633,13 @@ mod tests {
         let second = c.combine(
             "vn",
             &pods[..1],
-            vec![leaf_metrics("a", "2026-01-01T00:00:10Z", "500m", "1Mi")],
+            vec![leaf_metrics(
+                "default",
+                "a",
+                "2026-01-01T00:00:10Z",
+                "500m",
+                "1Mi",
+            )],
             now,
         );
         assert!((second.pods[0].cpu_seconds() - 8.0).abs() < 1e-9);
@@ -596,7 +654,13 @@ mod tests {
         let third = c.combine(
             "vn",
             &pods[..1],
-            vec![leaf_metrics("a", "2026-01-01T00:00:05Z", "900m", "1Mi")],
+            vec![leaf_metrics(
+                "default",
+                "a",
+                "2026-01-01T00:00:05Z",
+                "900m",
+                "1Mi",
+            )],
             now,
         );
         assert!((third.pods[0].cpu_seconds() - 8.0).abs() < 1e-9);
@@ -608,8 +672,14 @@ mod tests {
         let mut c = Counters::default();
         let usage = c.combine(
             "vn",
-            &[root_pod("a", None)],
-            vec![leaf_metrics("a", "2026-01-01T00:00:00Z", "250m", "4Ki")],
+            &[proven(&root_pod("a"), "default")],
+            vec![leaf_metrics(
+                "default",
+                "a",
+                "2026-01-01T00:00:00Z",
+                "250m",
+                "4Ki",
+            )],
             Timestamp::now(),
         );
         let text = encode_resource_metrics(Some(&usage));

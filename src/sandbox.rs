@@ -268,16 +268,22 @@ impl Sandbox {
         }
     }
 
-    /// Runs `pod` in leaf `leaf` and shows it in the root on the leaf's virtual node, as a
-    /// multi-cluster scheduler would.
+    /// Shows `pod` in the root on leaf `leaf`'s virtual node and runs its copy in the leaf, as a
+    /// multi-cluster syncer would: the root pod first, then the leaf copy marked with the root
+    /// pod's UID (`counterpart::ROOT_UID_MARKER`).
     pub async fn add_pod(&self, leaf: &str, pod: &SimPod) -> anyhow::Result<()> {
         let cluster = self
             .leaves
             .get(leaf)
             .ok_or_else(|| anyhow::anyhow!("no leaf {leaf} in the sandbox"))?;
-        cluster.add_pod(&format!("{leaf}-node"), pod).await?;
-        self.root.add_pod(&self.config.node_name(leaf), pod).await?;
-        Ok(())
+        sync_pod(
+            &self.root,
+            &self.config.node_name(leaf),
+            cluster,
+            &format!("{leaf}-node"),
+            pod,
+        )
+        .await
     }
 
     /// Waits until every leaf's virtual node exists and is Ready.
@@ -363,6 +369,28 @@ fn default_kubeconfig_path() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
     target.join("sandbox").join("kubeconfig")
+}
+
+/// Does what a multi-cluster syncer does for `pod`: shows it in `root` on virtual node
+/// `virtual_node`, then runs its copy on `leaf_node` of `leaf`, marked with the root pod's UID
+/// (`counterpart::ROOT_UID_MARKER`) so relaylet can prove the copy is the root pod's.
+pub async fn sync_pod(
+    root: &Cluster,
+    virtual_node: &str,
+    leaf: &Cluster,
+    leaf_node: &str,
+    pod: &SimPod,
+) -> anyhow::Result<()> {
+    let root_pod = root.add_pod(virtual_node, pod).await?;
+    let uid = root_pod
+        .metadata
+        .uid
+        .ok_or_else(|| anyhow::anyhow!("root pod {} has no UID", pod.name))?;
+    let mut copy = pod.clone();
+    copy.annotations
+        .insert(crate::counterpart::ROOT_UID_MARKER.to_string(), uid);
+    leaf.add_pod(leaf_node, &copy).await?;
+    Ok(())
 }
 
 /// The demo pod: logs a line a second and serves HTTP on container port 8080.

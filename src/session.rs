@@ -24,6 +24,9 @@ pub struct SessionInfo {
     pub pod: String,
     pub container: String,
     pub leaf: String,
+    /// The leaf pod the call reaches (proven by `counterpart`).
+    pub leaf_namespace: String,
+    pub leaf_pod: String,
     pub node: String,
 }
 
@@ -37,6 +40,8 @@ impl SessionInfo {
             pod = %self.pod,
             container = %self.container,
             leaf = %self.leaf,
+            leaf_namespace = %self.leaf_namespace,
+            leaf_pod = %self.leaf_pod,
             user = %self.user,
         )
     }
@@ -108,6 +113,8 @@ impl Session {
             pod = %info.pod,
             container = %info.container,
             leaf = %info.leaf,
+            leaf_namespace = %info.leaf_namespace,
+            leaf_pod = %info.leaf_pod,
             node = %info.node,
             "session started"
         );
@@ -171,6 +178,8 @@ impl Drop for Session {
             pod = %self.info.pod,
             container = %self.info.container,
             leaf = %self.info.leaf,
+            leaf_namespace = %self.info.leaf_namespace,
+            leaf_pod = %self.info.leaf_pod,
             node = %self.info.node,
             bytes_to_leaf = self.to_leaf,
             bytes_to_client = self.to_client,

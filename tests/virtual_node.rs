@@ -729,8 +729,9 @@ async fn leaf_with_pod(root: &Cluster) -> Cluster {
         }],
         ..Default::default()
     };
-    leaf.add_pod("a", &pod).await.expect("leaf pod");
-    root.add_pod(NODE, &pod).await.expect("root pod");
+    relaylet::sandbox::sync_pod(root, NODE, &leaf, "a", &pod)
+        .await
+        .expect("root pod and its leaf copy");
     leaf
 }
 

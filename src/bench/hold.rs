@@ -5,8 +5,11 @@
 //! memory does not depend on what is behind the leaf: relaylet only splices bytes. So relaylet
 //! is given a second leaf whose "apiserver" is this endpoint: it answers every SPDY upgrade with
 //! 101 (choosing the first offered protocol, as the kubelet's handshake does) and then holds the
-//! connection, discarding whatever arrives, until the peer closes. Every other request is a 404
-//! `Status`, which relaylet's virtual-node controller treats as an unhealthy leaf.
+//! connection, discarding whatever arrives, until the peer closes. A GET of the held pod answers
+//! with its leaf copy's metadata, marked with the root pod's UID as a syncer would mark it (so
+//! relaylet's counterpart check passes, at the cost of one request like a real leaf's). Every
+//! other request is a 404 `Status`, which relaylet's virtual-node controller treats as an
+//! unhealthy leaf.
 
 use axum::Router;
 use axum::body::Body;
@@ -14,21 +17,56 @@ use axum::response::Response;
 use http::{Request, StatusCode};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
 use relaylet_sim::serve::{Served, serve_tls};
 use relaylet_sim::spdy;
 use relaylet_sim::tls::Identity;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
-/// Starts the endpoint on a loopback port with the serving `identity`.
-pub async fn start(identity: &Identity) -> anyhow::Result<Served> {
+use crate::counterpart::ROOT_UID_MARKER;
+
+/// Starts the endpoint on a loopback port with the serving `identity`, holding sessions of the
+/// root pod `held`.
+pub async fn start(identity: &Identity, held: &Pod) -> anyhow::Result<Served> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let tls = identity.server_config()?;
+    let namespace = held.metadata.namespace.clone().unwrap_or_default();
+    let name = held.metadata.name.clone().unwrap_or_default();
+    let copy = serde_json::json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "annotations": {ROOT_UID_MARKER: held.metadata.uid.clone().unwrap_or_default()},
+        },
+    })
+    .to_string();
+    let pod_path = format!("/api/v1/namespaces/{namespace}/pods/{name}");
     Ok(serve_tls(
         listener,
         tls,
-        Router::new().fallback(|req: Request<Body>| async move { answer(req) }),
+        Router::new().fallback(move |req: Request<Body>| {
+            let copy = (req.method() == http::Method::GET && req.uri().path() == pod_path)
+                .then(|| copy.clone());
+            async move {
+                match copy {
+                    Some(copy) => json(copy),
+                    None => answer(req),
+                }
+            }
+        }),
     ))
+}
+
+fn json(body: String) -> Response {
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 fn answer(mut req: Request<Body>) -> Response {

@@ -116,12 +116,23 @@ impl Stack {
             .await
             .context("starting the leaf node")?;
         let pod = bench_pod(log_bytes);
-        leaf.add_pod("leaf-node", &pod)
+        crate::sandbox::sync_pod(&root, "relaylet-leaf", &leaf, "leaf-node", &pod)
             .await
             .context("starting the bench pod")?;
+        let hold_pod = SimPod {
+            namespace: "default".into(),
+            name: "hold".into(),
+            containers: vec![SimContainer {
+                name: "main".into(),
+                command: vec!["sleep".into(), "infinity".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let hold_root = root.add_pod("relaylet-hold", &hold_pod).await?;
 
         let hold_id = leaf.ca.issue_server(&["127.0.0.1"])?;
-        let hold = super::hold::start(&hold_id).await?;
+        let hold = super::hold::start(&hold_id, &hold_root).await?;
         let leaf_kubeconfig = leaf.kubeconfig(RELAYLET_USER, &["system:masters"])?;
         let hold_url = format!("https://{}", hold.addr);
         anyhow::ensure!(
@@ -136,18 +147,6 @@ impl Stack {
                 .create_typed(&leaf_secret(name, kubeconfig))
                 .map_err(|e| anyhow::anyhow!("creating the Secret of leaf {name}: {e}"))?;
         }
-        let hold_pod = SimPod {
-            namespace: "default".into(),
-            name: "hold".into(),
-            containers: vec![SimContainer {
-                name: "main".into(),
-                command: vec!["sleep".into(), "infinity".into()],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        root.add_pod("relaylet-leaf", &pod).await?;
-        root.add_pod("relaylet-hold", &hold_pod).await?;
 
         let relaylet = spawn_relaylet(&root, dir).await?;
         let reference = spawn_reference(&leaf, dir).await?;

@@ -210,7 +210,7 @@ impl Controller {
     ) -> Result<(), kube::Error> {
         let nodes: Api<Node> = Api::all(self.root.clone());
         let leaf_nodes = watch.node_list();
-        let own_pods = self.pods.leaf_pods_on(&leaf.node_name);
+        let own_pods = self.pods.leaf_pods_on(&leaf.node_name, &leaf.namespaces);
         let now = Time(Timestamp::now());
         let info = desired::node_info(state.version.as_deref(), &leaf_nodes);
         let capacity = desired::capacity(&leaf_nodes, &watch.pod_list(), &own_pods);
