@@ -29,6 +29,9 @@ use rustls::pki_types::CertificateDer;
 use crate::config::AuthMode;
 use crate::kubelet_request::Kind;
 
+/// The group every authenticated user belongs to.
+const AUTHENTICATED_GROUP: &str = "system:authenticated";
+
 const TOKEN_TTL: Duration = Duration::from_secs(120);
 const ALLOWED_TTL: Duration = Duration::from_secs(300);
 const DENIED_TTL: Duration = Duration::from_secs(30);
@@ -68,8 +71,9 @@ pub enum AuthError {
     /// 401.
     #[error("the bearer token was not accepted by the root cluster (TokenReview)")]
     BadToken,
-    /// 403.
-    #[error("user {user:?} cannot {verb} resource \"nodes/{subresource}\" of node {node:?}")]
+    /// Answered with 403. The message names no node, so it is the same whether the pod asked
+    /// about exists or not; the node is in the log line instead.
+    #[error("user {user:?} cannot {verb} resource \"nodes/{subresource}\"")]
     Forbidden {
         user: String,
         verb: String,
@@ -318,10 +322,14 @@ pub fn caller_from_cert(der: &CertificateDer<'_>) -> Result<Caller, AuthError> {
         .filter(|cn| !cn.is_empty())
         .ok_or_else(|| AuthError::BadCertificate("no common name".to_string()))?
         .to_string();
-    let groups = subject
+    let mut groups: Vec<String> = subject
         .iter_organization()
         .filter_map(|o| o.as_str().ok().map(str::to_string))
         .collect();
+    // Like kube-apiserver and the kubelet: every authenticated user is in system:authenticated.
+    if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
+        groups.push(AUTHENTICATED_GROUP.to_string());
+    }
     Ok(Caller {
         user,
         uid: None,
@@ -442,6 +450,22 @@ mod tests {
             webhook.authenticate(None, &headers).await,
             Err(AuthError::NoCredentials(true))
         );
+    }
+
+    #[test]
+    fn certificate_callers_are_in_system_authenticated() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "eve");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "developers");
+        let cert = params.self_signed(&key).unwrap();
+        let caller = caller_from_cert(cert.der()).unwrap();
+        assert_eq!(caller.user, "eve");
+        assert_eq!(caller.groups, ["developers", "system:authenticated"]);
     }
 
     #[test]

@@ -15,6 +15,9 @@ use crate::counterpart::{LeafPodMatch, NamespaceMap};
 /// The label that marks a Secret as a leaf cluster's kubeconfig; its value is the leaf name.
 pub const DEFAULT_LEAF_SECRET_LABEL: &str = "relaylet.io/leaf-cluster";
 
+/// The second switch `AUTH_MODE=none` needs.
+pub const INSECURE_NONE_SWITCH: &str = "INSECURE_ALLOW_UNAUTHENTICATED_EXEC";
+
 /// The address types kube-apiserver understands in `--kubelet-preferred-address-types`.
 pub const ADDRESS_TYPES: [&str; 5] = [
     "Hostname",
@@ -101,6 +104,9 @@ pub struct Limits {
     pub connections: usize,
     /// Open TCP connections from one source address (`MAX_CONNECTIONS_PER_CLIENT`).
     pub connections_per_client: usize,
+    /// Connections whose TLS handshake is not done yet (`MAX_PENDING_HANDSHAKES`); one address
+    /// may hold an eighth of them.
+    pub pending_handshakes: usize,
     /// Open exec/attach/port-forward streams in total (`MAX_SESSIONS`).
     pub sessions: usize,
     /// Open streams of one authenticated user (`MAX_SESSIONS_PER_USER`). All calls relayed by
@@ -113,6 +119,7 @@ impl Default for Limits {
         Limits {
             connections: 16384,
             connections_per_client: 8192,
+            pending_handshakes: 1024,
             sessions: 16384,
             sessions_per_user: 8192,
         }
@@ -279,6 +286,18 @@ impl Config {
             }),
         };
 
+        // AUTH_MODE=none opens exec into every leaf pod to whoever reaches the port: a setting
+        // that must not be one typo away, so it needs a second, loudly named switch.
+        let anonymous_ok = vars.flag(INSECURE_NONE_SWITCH, false);
+        if auth_mode == AuthMode::None && !anonymous_ok {
+            vars.error(
+                "AUTH_MODE",
+                &format!(
+                    "\"none\" lets anyone who reaches the kubelet port exec into every leaf pod; it is for local sandboxes only, and needs {INSECURE_NONE_SWITCH}=true as well"
+                ),
+            );
+        }
+
         let stream_idle_timeout =
             vars.duration("STREAM_IDLE_TIMEOUT", Duration::from_secs(4 * 3600));
         let stream_creation_timeout =
@@ -334,6 +353,7 @@ impl Config {
                 "MAX_CONNECTIONS_PER_CLIENT",
                 defaults.connections_per_client,
             ),
+            pending_handshakes: vars.count("MAX_PENDING_HANDSHAKES", defaults.pending_handshakes),
             sessions: vars.count("MAX_SESSIONS", defaults.sessions),
             sessions_per_user: vars.count("MAX_SESSIONS_PER_USER", defaults.sessions_per_user),
         };
@@ -674,6 +694,74 @@ mod tests {
         for bad in ["", "4", "h", "4x", "-1s", "1h-"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should fail");
         }
+    }
+
+    #[test]
+    fn auth_mode_none_needs_the_insecure_switch() {
+        let err = config(&[("LEAF_NODE_IP", "10.0.0.1"), ("AUTH_MODE", "none")]).unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert_eq!(err.0[0].var, "AUTH_MODE");
+        assert!(
+            err.0[0]
+                .message
+                .contains("INSECURE_ALLOW_UNAUTHENTICATED_EXEC=true"),
+            "{err}"
+        );
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("AUTH_MODE", "none"),
+            ("INSECURE_ALLOW_UNAUTHENTICATED_EXEC", "true"),
+        ])
+        .unwrap();
+        assert_eq!(c.auth_mode, AuthMode::None);
+    }
+
+    #[test]
+    fn leaf_pod_matching_settings() {
+        let c = config(&[("LEAF_NODE_IP", "10.0.0.1")]).unwrap();
+        assert_eq!(c.leaf_pod_match, LeafPodMatch::default());
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_POD_MATCH", "label"),
+            ("LEAF_POD_MARKER", "sync.example/copy=yes"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.leaf_pod_match,
+            LeafPodMatch::Label {
+                key: "sync.example/copy".into(),
+                value: "yes".into()
+            }
+        );
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_POD_MATCH", "annotations"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "LEAF_POD_MATCH");
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_POD_MATCH", "label"),
+            ("LEAF_POD_MARKER", "no-value"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "LEAF_POD_MARKER");
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_KUBECONFIG", "/leaf/kubeconfig"),
+            ("LEAF_NAMESPACE_MAP", "team-a=tenant-a"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.static_leaf.unwrap().namespaces.leaf_namespace("team-a"),
+            Some("tenant-a")
+        );
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_NAMESPACE_MAP", "team-a=tenant-a"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "LEAF_NAMESPACE_MAP");
     }
 
     #[test]

@@ -296,24 +296,24 @@ pub async fn verify(
 ) -> Result<LeafPod, CounterpartError> {
     let target = target(leaf, root)?;
     let api: Api<Pod> = Api::namespaced(leaf.client.clone(), &target.namespace);
-    let found =
-        api.get_metadata_opt(&target.name)
-            .await
-            .map_err(|source| match source {
-                kube::Error::Api(status) => CounterpartError::LeafRefused {
-                    pod: target.name.clone(),
-                    leaf: leaf.name.clone(),
-                    leaf_namespace: target.namespace.clone(),
-                    code: status.code,
-                    message: status.message,
-                },
-                source => CounterpartError::Unreachable {
-                    pod: target.name.clone(),
-                    leaf: leaf.name.clone(),
-                    leaf_namespace: target.namespace.clone(),
-                    source: Box::new(source),
-                },
-            })?;
+    let found = api
+        .get_metadata_opt(&target.name)
+        .await
+        .map_err(|source| match source {
+            kube::Error::Api(status) => CounterpartError::LeafRefused {
+                pod: target.name.clone(),
+                leaf: leaf.name.clone(),
+                leaf_namespace: target.namespace.clone(),
+                code: status.code,
+                message: status.message,
+            },
+            source => CounterpartError::Unreachable {
+                pod: target.name.clone(),
+                leaf: leaf.name.clone(),
+                leaf_namespace: target.namespace.clone(),
+                source: Box::new(source),
+            },
+        })?;
     let Some(found) = found else {
         return Err(CounterpartError::Missing {
             namespace: root.namespace.to_string(),

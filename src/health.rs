@@ -7,7 +7,8 @@
 //!   of the Service but keeps relaying the sessions it has.
 //!
 //! The port carries no secrets and no pod data, only counts, so it is unauthenticated like the
-//! kubelet's own health port; keep it off the public network.
+//! kubelet's own health port; keep it off the public network. Being open to anyone, it has its
+//! own small connection budget and cuts clients that send no request in time.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -23,8 +24,21 @@ use kube::Client;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tower::ServiceExt;
+
+use crate::config::Limits;
 use crate::leaf::Registry;
+use crate::limits::Gate;
 use crate::metrics::Metrics;
+
+/// Open connections the metrics port serves at once, in total and from one address.
+const MAX_CONNECTIONS: usize = 64;
+const MAX_CONNECTIONS_PER_CLIENT: usize = 16;
+/// How long a client has to send a request's headers, the first or the next on a kept-alive
+/// connection; idle and slow clients are cut after it.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often the root and every leaf are probed.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
@@ -122,11 +136,53 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, stop: Cancellatio
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route("/readyz", axum::routing::get(readyz))
         .with_state(health);
-    let served = axum::serve(listener, app).with_graceful_shutdown(async move {
-        stop.cancelled().await;
+    // The port is unauthenticated, so it gets a small budget of its own: it can never hold the
+    // descriptors the kubelet port needs, and one client cannot take all of it from the
+    // kubelet's probes.
+    let gate = Gate::new(Limits {
+        connections: MAX_CONNECTIONS,
+        connections_per_client: MAX_CONNECTIONS_PER_CLIENT,
+        ..Limits::default()
     });
-    if let Err(err) = served.await {
-        tracing::warn!(%err, "metrics server stopped");
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(err) => {
+                    tracing::warn!(%err, "metrics port: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let permit = match gate.connection(peer.ip()) {
+            Ok(permit) => permit,
+            Err(err) => {
+                tracing::debug!(%peer, %err, "metrics port: connection refused");
+                continue;
+            }
+        };
+        let app = app.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                app.clone().oneshot(req)
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(tcp), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(HEADER_READ_TIMEOUT, conn).await;
+                }
+            }
+        });
     }
 }
 

@@ -24,6 +24,7 @@ pub mod relay;
 pub mod resource_metrics;
 #[cfg(feature = "sim")]
 pub mod sandbox;
+pub mod self_signed;
 pub mod session;
 pub mod shutdown;
 pub mod splice;

@@ -3,6 +3,12 @@
 //! A permit is taken when a connection is accepted or a session starts and given back when it is
 //! dropped, so counts can never leak on an error path. Past a cap the caller is told so with a
 //! 503, and everyone else keeps being served.
+//!
+//! Connections are counted in two stages, so that strangers cannot crowd out the root
+//! apiserver: until its TLS handshake is done a connection holds only a *handshake* permit (a
+//! small budget, at most an eighth of it per address; over it the connection is closed at once),
+//! and then a connection permit, where connections without a client certificate may hold at
+//! most half of `MAX_CONNECTIONS`; the rest is kept for callers with one.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -23,6 +29,12 @@ pub enum LimitError {
         "{ip} has its maximum of {max} open connections (MAX_CONNECTIONS_PER_CLIENT); try again later"
     )]
     ConnectionsPerClient { ip: IpAddr, max: usize },
+    #[error(
+        "relaylet is serving its maximum of {0} connections without a client certificate (half of MAX_CONNECTIONS); try again later"
+    )]
+    ConnectionsWithoutCertificate(usize),
+    #[error("{0} has its maximum of pending TLS handshakes (MAX_PENDING_HANDSHAKES)")]
+    Handshakes(IpAddr),
     #[error("relaylet is relaying its maximum of {0} streams (MAX_SESSIONS); try again later")]
     Sessions(usize),
     #[error(
@@ -34,16 +46,65 @@ pub enum LimitError {
 /// The counters. Shared by every connection.
 pub struct Gate {
     limits: Limits,
+    handshakes: Tally<IpAddr>,
     connections: Tally<IpAddr>,
+    uncertified: Tally<()>,
     sessions: Tally<String>,
+}
+
+/// An open connection's permits.
+pub struct ConnectionPermit {
+    _connection: Permit<IpAddr>,
+    _uncertified: Option<Permit<()>>,
 }
 
 impl Gate {
     pub fn new(limits: Limits) -> Arc<Gate> {
         Arc::new(Gate {
             limits,
+            handshakes: Tally::default(),
             connections: Tally::default(),
+            uncertified: Tally::default(),
             sessions: Tally::default(),
+        })
+    }
+
+    /// A permit for one more connection from `ip` that has not finished its TLS handshake.
+    pub fn handshake(self: &Arc<Self>, ip: IpAddr) -> Result<Permit<IpAddr>, LimitError> {
+        let total = self.limits.pending_handshakes;
+        self.handshakes
+            .take(ip, total, (total / 8).max(1))
+            .map_err(|_| LimitError::Handshakes(ip))?;
+        Ok(Permit {
+            gate: self.clone(),
+            key: ip,
+            release: |gate, key| gate.handshakes.give(key),
+        })
+    }
+
+    /// The permits for one more connection from `ip` whose handshake is done; `certified` when
+    /// it presented a verified client certificate.
+    pub fn tls_connection(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        certified: bool,
+    ) -> Result<ConnectionPermit, LimitError> {
+        let uncertified = if certified {
+            None
+        } else {
+            let half = (self.limits.connections / 2).max(1);
+            self.uncertified
+                .take((), half, half)
+                .map_err(|_| LimitError::ConnectionsWithoutCertificate(half))?;
+            Some(Permit {
+                gate: self.clone(),
+                key: (),
+                release: |gate, key| gate.uncertified.give(key),
+            })
+        };
+        Ok(ConnectionPermit {
+            _connection: self.connection(ip)?,
+            _uncertified: uncertified,
         })
     }
 
@@ -174,6 +235,7 @@ mod tests {
             connections_per_client: 2,
             sessions: 2,
             sessions_per_user: 1,
+            ..Limits::default()
         });
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
@@ -205,5 +267,42 @@ mod tests {
         drop(alice);
         assert_eq!(gate.open_sessions(), 1);
         assert!(gate.session("alice").is_ok());
+    }
+
+    #[test]
+    fn handshakes_have_a_small_budget_per_address() {
+        let gate = Gate::new(Limits {
+            pending_handshakes: 16,
+            ..Limits::default()
+        });
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let held: Vec<_> = (0..2).map(|_| gate.handshake(a).unwrap()).collect();
+        assert_eq!(gate.handshake(a).err(), Some(LimitError::Handshakes(a)));
+        assert!(gate.handshake(b).is_ok(), "another address is not held up");
+        drop(held);
+        assert!(gate.handshake(a).is_ok());
+    }
+
+    #[test]
+    fn half_the_connections_are_kept_for_certified_callers() {
+        let gate = Gate::new(Limits {
+            connections: 4,
+            connections_per_client: 4,
+            ..Limits::default()
+        });
+        let stranger: IpAddr = "10.0.0.9".parse().unwrap();
+        let apiserver: IpAddr = "10.0.0.1".parse().unwrap();
+        let s1 = gate.tls_connection(stranger, false).unwrap();
+        let _s2 = gate.tls_connection(stranger, false).unwrap();
+        assert_eq!(
+            gate.tls_connection(stranger, false).err(),
+            Some(LimitError::ConnectionsWithoutCertificate(2))
+        );
+        let _a1 = gate.tls_connection(apiserver, true).unwrap();
+        let _a2 = gate.tls_connection(apiserver, true).unwrap();
+        assert_eq!(gate.open_connections(), 4);
+        drop(s1);
+        assert!(gate.tls_connection(stranger, false).is_ok());
     }
 }

@@ -77,6 +77,7 @@ impl NodeServer {
             .route("/stats/summary", axum::routing::get(node_summary))
             .route("/pods", axum::routing::get(node_pods))
             .fallback(handle)
+            .method_not_allowed_fallback(method_not_allowed)
             .with_state(self)
     }
 }
@@ -106,19 +107,20 @@ pub async fn serve(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let stop = stop.clone();
-        // Over a cap, the connection is still answered (a 503 Status, then closed), so the
-        // caller learns why; the permit-holding connections are not disturbed.
-        let (permit, app) = match gate.connection(peer.ip()) {
-            Ok(permit) => (Some(permit), app.clone()),
+        // A stranger's idle TCP connections hold only the small handshake budget, never the
+        // connections the root apiserver needs (see `limits`).
+        let handshake = match gate.handshake(peer.ip()) {
+            Ok(permit) => permit,
             Err(err) => {
-                tracing::warn!(%peer, %err, "connection refused");
-                (None, refusal(err.to_string()))
+                tracing::debug!(%peer, %err, "connection closed before TLS");
+                continue;
             }
         };
+        let acceptor = acceptor.clone();
+        let stop = stop.clone();
+        let gate = gate.clone();
+        let app = app.clone();
         tokio::spawn(async move {
-            let _permit = permit;
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(err)) => {
@@ -130,6 +132,7 @@ pub async fn serve(
                     return;
                 }
             };
+            drop(handshake);
             let cert = PeerCert(
                 tls.get_ref()
                     .1
@@ -137,6 +140,15 @@ pub async fn serve(
                     .and_then(|chain| chain.first())
                     .map(|c| Arc::new(c.clone().into_owned())),
             );
+            // Over a cap, the connection is still answered (a 503 Status, then closed), so the
+            // caller learns why; the permit-holding connections are not disturbed.
+            let (_permit, app) = match gate.tls_connection(peer.ip(), cert.0.is_some()) {
+                Ok(permit) => (Some(permit), app),
+                Err(err) => {
+                    tracing::warn!(%peer, %err, "connection refused");
+                    (None, refusal(err.to_string()))
+                }
+            };
             serve_connection(tls, cert, peer, app, stop).await;
         });
     }
@@ -361,6 +373,14 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
     }
     .instrument(span)
     .await
+}
+
+/// axum's 405 for the fixed routes, with a `metav1.Status` body like every other error.
+async fn method_not_allowed(req: Request) -> Response {
+    status::response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not served for {}", req.method(), req.uri().path()),
+    )
 }
 
 /// A 405 for a method the kubelet does not serve on this call, and a 400 for an upgrade that

@@ -3,7 +3,7 @@
 //! The serving certificate comes from `APISERVER_CERT_LOCATION`/`APISERVER_KEY_LOCATION` and is
 //! re-read when the files change (cert-manager rotates them in place), checked on each
 //! handshake so a new certificate is served on the very next connection. Without files, a
-//! self-signed certificate is made at start for `LEAF_NODE_IP` and the pod's DNS names; the
+//! self-signed certificate (`self_signed`) is made for `LEAF_NODE_IP` and the pod's DNS names; the
 //! root apiserver only verifies kubelet certificates when `--kubelet-certificate-authority` is
 //! set, so this works out of the box, but a warning says so.
 
@@ -52,7 +52,12 @@ pub fn server_config(
                 "no APISERVER_CERT_LOCATION/APISERVER_KEY_LOCATION: serving a self-signed certificate; \
                  root apiservers that verify kubelet certificates will refuse it"
             );
-            Arc::new(rustls::sign::SingleCertAndKey::from(self_signed(config)?))
+            Arc::new(crate::self_signed::SelfSigned::new(
+                config.leaf_node_ip,
+                config.pod_namespace.as_deref(),
+                crate::self_signed::LIFETIME,
+                SystemTime::now(),
+            )?)
         }
     };
     let builder = rustls::ServerConfig::builder_with_provider(provider())
@@ -92,33 +97,6 @@ pub fn roots_from_pem(pem: &[u8]) -> Result<RootCertStore, String> {
         return Err("no CA certificate in the bundle".to_string());
     }
     Ok(roots)
-}
-
-fn self_signed(config: &Config) -> Result<CertifiedKey, TlsError> {
-    let ip = config.leaf_node_ip.to_string();
-    let mut names = vec![ip.clone()];
-    if let Some(ns) = &config.pod_namespace {
-        // Pod DNS names (`a-b-c-d.<namespace>.pod[.cluster.local]`).
-        let dashed = ip.replace(['.', ':'], "-");
-        names.push(format!("{dashed}.{ns}.pod"));
-        names.push(format!("{dashed}.{ns}.pod.cluster.local"));
-    }
-    let key = rcgen::KeyPair::generate()?;
-    let mut params = rcgen::CertificateParams::new(names)?;
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, format!("relaylet@{ip}"));
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    let cert = params.self_signed(&key)?;
-    let key_der = PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| TlsError::Read {
-        path: PathBuf::from("<generated key>"),
-        message: e.to_string(),
-    })?;
-    Ok(CertifiedKey::from_der(
-        vec![cert.der().clone()],
-        key_der,
-        &provider(),
-    )?)
 }
 
 /// A certificate read from files and re-read when they change.

@@ -965,6 +965,8 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     );
     assert_eq!(r.env_value("LEADER_ELECT"), Some("true"));
     assert_eq!(r.env_value("LEAF_SPARE_CONNECTION"), Some("true"));
+    assert_eq!(r.env_value("LEAF_POD_MATCH"), Some("root-uid"));
+    assert!(r.env("LEAF_POD_MARKER").is_none());
     assert_eq!(r.env_value("AUTH_MODE"), Some("webhook"));
     assert_eq!(r.env_value("PREFERRED-ADDRESS-TYPE"), Some("InternalDNS"));
     assert_eq!(r.env_value("NODE_SERVER_PORT"), Some("10250"));
@@ -1090,6 +1092,14 @@ fn existing_secrets_x509_and_leaf_clusters_from_values() {
     let leaf_ns = values["leafSecretNamespace"].as_str().unwrap();
     assert_eq!(r.env_value("LEAF_SECRET_NAMESPACE"), Some(leaf_ns));
     assert_eq!(
+        r.env_value("LEAF_POD_MATCH"),
+        values["leafPods"]["match"].as_str()
+    );
+    assert_eq!(
+        r.env_value("LEAF_POD_MARKER"),
+        values["leafPods"]["marker"].as_str()
+    );
+    assert_eq!(
         r.permissions(),
         expected_permissions(false, false, true, leaf_ns)
     );
@@ -1142,6 +1152,29 @@ fn existing_secrets_x509_and_leaf_clusters_from_values() {
                 .map(String::as_str),
             leaf["nodeTaints"].as_str()
         );
+        match leaf["namespaceMap"].as_object() {
+            Some(map) => {
+                let mut got: Vec<&str> = annotations["relaylet.io/namespace-map"]
+                    .split(',')
+                    .collect();
+                got.sort();
+                let mut want: Vec<String> = map
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+                    .collect();
+                want.sort();
+                assert_eq!(got, want);
+                // And relaylet reads it as the map it is.
+                let parsed = relaylet::counterpart::NamespaceMap::parse(
+                    &annotations["relaylet.io/namespace-map"],
+                )
+                .unwrap();
+                for (root, leaf_ns) in map {
+                    assert_eq!(parsed.leaf_namespace(root), leaf_ns.as_str());
+                }
+            }
+            None => assert!(!annotations.contains_key("relaylet.io/namespace-map")),
+        }
         match leaf["nodeLabels"].as_object() {
             Some(labels) => {
                 let mut got: Vec<String> = annotations["relaylet.io/node-labels"]

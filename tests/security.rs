@@ -26,6 +26,11 @@ fn settings() -> Settings {
                 .verbs(&["get", "create"])
                 .api_groups(&[""])
                 .resources(&["nodes/proxy"]),
+            // A group rule: every authenticated user, certificate or token, may read metrics.
+            Rule::group("system:authenticated")
+                .verbs(&["get"])
+                .api_groups(&[""])
+                .resources(&["nodes/metrics"]),
         ],
         root_tokens: vec![
             ("viewer-token".into(), UserInfo::new("viewer", &[])),
@@ -423,5 +428,128 @@ fn slow_clients_are_cut() {
         // Meanwhile, normal callers are served.
         let mut tls = connect(e, None).await.unwrap();
         assert_eq!(request(&mut tls, &get("/healthz", "")).await.0, 200);
+    });
+}
+
+/// A caller without rights learns nothing about pods: whether the pod exists, its UID or its
+/// node, the answer is the same 403 (the kubelet authorizes before it looks anything up).
+#[test]
+fn a_caller_without_rights_learns_nothing_about_pods() {
+    let e = env(settings);
+    let nobody = e
+        .sandbox
+        .root
+        .ca
+        .issue_client("nobody", &["outsiders"])
+        .unwrap();
+    RT.block_on(async {
+        let spdy = "Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n";
+        let mut answers = Vec::new();
+        for path in [
+            "/exec/default/demo-1/main?command=true&output=1",
+            "/exec/default/no-such-pod/main?command=true&output=1",
+            "/exec/default/demo-1/00000000-0000-0000-0000-000000000000/main?command=true&output=1",
+            "/exec/kube-system/not-on-a-virtual-node/main?command=true&output=1",
+        ] {
+            let mut tls = connect(e, Some(&nobody)).await.unwrap();
+            let (code, body) = request(&mut tls, &get(path, spdy)).await;
+            assert_eq!(code, 403, "{path}: {body}");
+            answers.push(body);
+        }
+        for body in &answers[1..] {
+            assert_eq!(body, &answers[0], "every refusal reads the same");
+        }
+        let body = &answers[0];
+        assert!(
+            body.contains("nobody") && body.contains("create") && body.contains("nodes/proxy"),
+            "{body}"
+        );
+        assert!(
+            !body.contains("relaylet-leaf") && !body.contains("UID"),
+            "names no node, no UID: {body}"
+        );
+    });
+}
+
+/// Methods the kubelet does not serve are a 405 Status before anything reaches the leaf; an
+/// upgrade over HTTP/1.0 is a 400; axum's own 405 has a Status body too.
+#[test]
+fn unserved_methods_and_http_1_0_upgrades_are_refused_with_a_status() {
+    let e = env(settings);
+    let admin = e.kubelet_client_identity();
+    RT.block_on(async {
+        let ask = |head: String| {
+            let admin = admin.clone();
+            async move {
+                let mut tls = connect(e, Some(&admin)).await.unwrap();
+                request(&mut tls, &head).await
+            }
+        };
+        for (path, allowed) in [
+            ("/exec/default/demo-1/main?command=ls&output=1", "GET or POST"),
+            ("/attach/default/demo-1/main?output=1", "GET or POST"),
+            ("/portForward/default/demo-1?port=8080", "GET or POST"),
+            ("/containerLogs/default/demo-1/main", "GET"),
+        ] {
+            for method in ["PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT"] {
+                let head = get(path, "Content-Length: 0\r\n").replacen("GET", method, 1);
+                let (code, body) = ask(head).await;
+                assert_eq!(code, 405, "{method} {path}: {body}");
+                assert!(
+                    body.contains("\"kind\":\"Status\"")
+                        && body.contains("\"reason\":\"MethodNotAllowed\"")
+                        && body.contains(&format!("{method} is not served")),
+                    "{method} {path}: {body}"
+                );
+                assert!(body.contains(&format!("use {allowed}")), "{body}");
+            }
+            let (code, _) = ask(get(path, "").replacen("GET", "HEAD", 1)).await;
+            assert_eq!(code, 405, "HEAD {path}");
+        }
+        // axum's routing 405.
+        let (code, body) = ask(get("/healthz", "Content-Length: 0\r\n").replacen("GET", "POST", 1)).await;
+        assert_eq!(code, 405, "{body}");
+        assert!(body.contains("\"kind\":\"Status\""), "{body}");
+        // An upgrade HTTP/1.0 cannot carry.
+        let head = get(
+            "/exec/default/demo-1/main?command=ls&output=1",
+            "Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n",
+        )
+        .replace("HTTP/1.1", "HTTP/1.0")
+        .replace("Connection: close\r\n", "");
+        let (code, body) = ask(head).await;
+        assert_eq!(code, 400, "{body}");
+        assert!(body.contains("HTTP/1.1"), "{body}");
+    });
+}
+
+/// Certificate callers are in `system:authenticated`, like token callers: a group rule applies
+/// to both.
+#[test]
+fn certificate_callers_get_group_rules_for_system_authenticated() {
+    let e = env(settings);
+    RT.block_on(async {
+        let eve = e
+            .sandbox
+            .root
+            .ca
+            .issue_client("eve", &["developers"])
+            .unwrap();
+        // Node-level paths are served on each virtual node's own port.
+        let port = e
+            .sandbox
+            .relaylet
+            .node_ports
+            .addr_of("relaylet-leaf-1")
+            .expect("leaf-1's kubelet port");
+        let tcp = TcpStream::connect(port).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(e.kubelet_api_tls(Some(&eve)))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let (code, body) = request(&mut tls, &get("/metrics", "")).await;
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("# TYPE relaylet_"), "{body}");
     });
 }
