@@ -161,9 +161,11 @@ fn the_metrics_port_has_its_own_small_budget_and_cuts_idle_clients() {
         // ... the kubelet's probe from another address is answered meanwhile ...
         let mut probe = tcp_from("127.0.0.1", metrics).await;
         assert_eq!(get(&mut probe, "/healthz").await, "HTTP/1.1 200 OK");
-        // ... and the 16 that were let in are cut for sending no request in time.
+        // ... and the 16 that were let in are cut for sending no request in time, as is a
+        // kept-alive connection that sends no next request.
         for conn in &mut idle[..16] {
             closed_by_server(conn, Duration::from_secs(30)).await;
         }
+        closed_by_server(&mut probe, Duration::from_secs(30)).await;
     });
 }
