@@ -283,6 +283,9 @@ pub async fn watch_secrets(
                 registry
                     .synced
                     .store(true, std::sync::atomic::Ordering::Release);
+                // Wake subscribers even when nothing changed: a synced registry is news (the
+                // virtual node controller may now look for orphans).
+                registry.leaves.send_modify(|_| {});
             }
             Ok(watcher::Event::Apply(secret)) => {
                 apply_secret(&secret, &label, &config, &registry, &metrics).await;

@@ -85,6 +85,10 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         leadership: leadership.clone(),
         node_ports: node_ports.clone(),
         metrics: metrics.clone(),
+        owner: config
+            .pod_namespace
+            .clone()
+            .unwrap_or_else(|| root.default_namespace().to_string()),
     });
     spawn_until(&shutdown, controller.run());
     let parts = KubeletApi {

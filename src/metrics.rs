@@ -55,6 +55,8 @@ pub struct Metrics {
     /// Calls refused because their root pod's leaf pod did not prove to be its counterpart, by
     /// leaf and reason (see `counterpart`). Per-pod detail is in the log, not in labels.
     pub counterpart_refusals: Family<LeafConnectionLabels, Counter>,
+    /// Rounds in which the leader looked for this install's Nodes whose leaf is gone.
+    pub orphan_checks: Counter,
 }
 
 impl Default for Metrics {
@@ -135,6 +137,12 @@ impl Metrics {
             "Calls refused because the leaf pod did not prove to be the root pod's counterpart, by leaf and reason",
             counterpart_refusals.clone(),
         );
+        let orphan_checks = Counter::default();
+        registry.register(
+            "orphan_checks",
+            "Rounds in which the leader looked for this install's virtual Nodes whose leaf is gone",
+            orphan_checks.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             sessions_active,
@@ -148,6 +156,7 @@ impl Metrics {
             auth_decisions,
             leaf_connections,
             counterpart_refusals,
+            orphan_checks,
         }
     }
 

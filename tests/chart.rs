@@ -545,7 +545,7 @@ fn expected_permissions(
         "",
         "nodes",
         "",
-        &["get", "list", "create", "patch", "delete"],
+        &["get", "list", "watch", "create", "patch", "delete"],
     ));
     g.extend(grant("*", "", "nodes/status", "", &["patch"]));
     g.extend(grant("*", "", "pods", "", &["get", "list", "watch"]));

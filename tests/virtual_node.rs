@@ -848,3 +848,149 @@ async fn root_with_the_default_hostname_first_order_still_dials_relaylet() {
         .await
         .expect("test timed out");
 }
+
+/// Reads a counter of `replica`'s metrics (0 when absent).
+fn counter(replica: &Replica, name: &str) -> f64 {
+    let text = replica.running.metrics.encode().expect("metrics");
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("exposition");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+/// A second install in another namespace: no leaf of its own (or one whose node name clashes),
+/// leading its own election. It must neither delete nor write the first install's Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let root = root_cluster(None).await;
+        let leaf = leaf_with_node().await;
+        let store = root.api.store().clone();
+        store.create_typed(&leaf_secret(&leaf)).expect("secret");
+        let first = Replica::start(&root, "relaylet-0", "127.0.0.1", free_port(), &[]).await;
+        let (node, _) = wait_for(
+            "first install's node Ready",
+            Duration::from_secs(15),
+            || node_of(&store).filter(is_ready),
+        )
+        .await;
+        let uid = node.metadata.uid.clone();
+        assert_eq!(
+            node.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("relaylet.io/owner"))
+                .map(String::as_str),
+            Some(NAMESPACE),
+            "the Node names its install"
+        );
+
+        // The second install, with no leaves: its orphan check runs as soon as it leads with a
+        // listed registry, and must not see the first install's Node as its orphan.
+        store
+            .create_typed(&Namespace {
+                metadata: ObjectMeta {
+                    name: Some("second".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .expect("namespace second");
+        let second = Replica::start(
+            &root,
+            "relaylet-second-0",
+            "127.0.0.2",
+            free_port(),
+            &[
+                ("POD_NAMESPACE", "second"),
+                ("LEAF_SECRET_NAMESPACE", "second"),
+            ],
+        )
+        .await;
+        wait_for(
+            "the second install's orphan check",
+            Duration::from_secs(15),
+            || (counter(&second, "relaylet_orphan_checks_total") >= 1.0).then_some(()),
+        )
+        .await;
+        // Then a leaf of the same name in the second install: its Node name clashes, and it
+        // says so instead of taking the Node over.
+        let mut clash = leaf_secret(&leaf);
+        clash.metadata.namespace = Some("second".into());
+        store.create_typed(&clash).expect("second install's secret");
+        wait_for("the clash reported", Duration::from_secs(15), || {
+            let refused = second
+                .running
+                .metrics
+                .encode()
+                .expect("metrics")
+                .contains("relaylet_node_write_errors_total{kind=\"conflict\"} 1");
+            refused.then_some(())
+        })
+        .await;
+        let node = node_of(&store).expect("the first install's node is still there");
+        assert_eq!(node.metadata.uid, uid, "never deleted and recreated");
+        assert_eq!(
+            first_address(&node),
+            Some(("InternalDNS".to_string(), "127.0.0.1".to_string())),
+            "still the first install's address"
+        );
+        assert!(is_ready(&node));
+        assert!(first.is_leader());
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// A Node deleted by hand is back at once, from the watch, not at the next heartbeat (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_virtual_node_is_restored_from_the_watch() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let root = root_cluster(None).await;
+        let leaf = leaf_with_node().await;
+        let store = root.api.store().clone();
+        store.create_typed(&leaf_secret(&leaf)).expect("secret");
+        let _replica = Replica::start(&root, "relaylet-0", "127.0.0.1", free_port(), &[]).await;
+        let (node, _) = wait_for("node Ready", Duration::from_secs(15), || {
+            node_of(&store).filter(is_ready)
+        })
+        .await;
+        store.delete_typed::<Node>("", NODE).expect("node deleted");
+        let (back, took) = wait_for("node restored", Duration::from_secs(5), || {
+            node_of(&store).filter(|n| n.metadata.uid != node.metadata.uid && is_ready(n))
+        })
+        .await;
+        eprintln!("a deleted Node was back and Ready after {took:?}");
+        assert_eq!(
+            first_address(&back),
+            Some(("InternalDNS".to_string(), "127.0.0.1".to_string()))
+        );
+        // Labels stripped by hand come back too.
+        let mut stripped = back.clone();
+        stripped
+            .metadata
+            .labels
+            .as_mut()
+            .expect("labels")
+            .remove("relaylet.io/owner");
+        store.update_typed(&stripped).expect("labels stripped");
+        wait_for("owner label restored", Duration::from_secs(5), || {
+            node_of(&store).filter(|n| {
+                n.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("relaylet.io/owner"))
+            })
+        })
+        .await;
+    })
+    .await
+    .expect("test timed out");
+}

@@ -6,6 +6,12 @@
 //! `kube-node-lease` renewed every 10 s so the root never marks the node NotReady (and evicts its
 //! pods) while relaylet is alive. Only the elected leader writes; a new leader rewrites the
 //! address with its own IP on its first round.
+//!
+//! Every Node carries the install that owns it (label `relaylet.io/owner`, the install's
+//! namespace): an install writes and deletes only its own Nodes, and one that finds a Node of
+//! the same name owned by another install (or a real node) says so loudly and leaves it alone.
+//! Each leaf's loop watches its Node, so a deleted or altered Node is put back at once, not at
+//! the next heartbeat.
 
 pub mod desired;
 pub mod leaf_watch;
@@ -15,6 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
     DaemonEndpoint, Node, NodeDaemonEndpoints, NodeSpec, NodeStatus, Taint,
@@ -22,6 +30,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -51,6 +60,8 @@ const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Label marking Nodes relaylet owns, so it can tidy up after leaves that vanished while it was
 /// down.
 pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "relaylet");
+/// Label naming the install (its namespace) that owns a Node.
+pub const OWNER_LABEL: &str = "relaylet.io/owner";
 /// Field manager for relaylet's writes.
 const MANAGER: &str = "relaylet";
 
@@ -64,14 +75,58 @@ pub struct Controller {
     /// Each virtual node's own kubelet port on this replica (written into the Node).
     pub node_ports: NodePorts,
     pub metrics: Metrics,
+    /// This install's identity on its Nodes (`OWNER_LABEL`): its namespace.
+    pub owner: String,
+}
+
+/// Whose a Node is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ownership {
+    /// Labelled with this install's owner.
+    Ours,
+    /// relaylet's, from a version that wrote no owner: adopted.
+    Unclaimed,
+    /// Another relaylet install's (its owner label).
+    Install(String),
+    /// Not relaylet's at all (a real node, or another tool's).
+    Foreign,
+}
+
+/// Why a leaf's Node could not be kept.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error(
+        "node {node} already exists and belongs to {owner}: not touching it (give this leaf another node name with its Secret's relaylet.io/node-name annotation, or remove the other install's leaf)"
+    )]
+    NotOurs { node: String, owner: String },
 }
 
 impl Controller {
+    fn ownership(&self, node: &Node) -> Ownership {
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        match labels.get(OWNER_LABEL) {
+            Some(owner) if *owner == self.owner => Ownership::Ours,
+            Some(owner) => Ownership::Install(owner.clone()),
+            None if labels.get(MANAGED_BY_LABEL.0).map(String::as_str)
+                == Some(MANAGED_BY_LABEL.1) =>
+            {
+                Ownership::Unclaimed
+            }
+            None => Ownership::Foreign,
+        }
+    }
+
     /// Runs one loop per leaf, following the registry, until dropped.
     pub async fn run(self: Arc<Self>) {
         let mut leaves = self.registry.subscribe();
+        let mut leadership = self.leadership.clone();
         let mut loops = Loops::default();
         let mut gc = tokio::time::interval(Duration::from_secs(30));
+        // Orphans are looked for as soon as this replica leads with a full registry, then
+        // every 30 s.
+        let mut checked_since_leading = false;
         loop {
             let current = leaves.borrow_and_update().clone();
             let gone: Vec<String> = loops
@@ -97,26 +152,36 @@ impl Controller {
                     (leaf, task)
                 });
             }
+            if !self.leadership.is_leader() {
+                checked_since_leading = false;
+            } else if !checked_since_leading {
+                checked_since_leading = self.collect_orphans().await;
+            }
             tokio::select! {
                 changed = leaves.changed() => if changed.is_err() { break },
-                _ = gc.tick() => self.collect_orphans().await,
+                _ = leadership.changed() => {}
+                _ = gc.tick() => { self.collect_orphans().await; }
             }
         }
     }
 
-    /// Deletes relaylet's Nodes whose leaf is no longer registered (Secret deleted while no
-    /// relaylet was running), once the registry has read the Secrets.
-    async fn collect_orphans(&self) {
+    /// Deletes this install's Nodes whose leaf is no longer registered (Secret deleted while no
+    /// relaylet was running), once the registry has read the Secrets. Whether it looked.
+    async fn collect_orphans(&self) -> bool {
         if !self.leadership.is_leader() || !self.registry.synced() {
-            return;
+            return false;
         }
         let api: Api<Node> = Api::all(self.root.clone());
-        let selector = format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1);
+        // Only this install's Nodes: another install's leaves are not in this registry.
+        let selector = format!(
+            "{}={},{OWNER_LABEL}={}",
+            MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1, self.owner
+        );
         let Ok(nodes) = api
             .list_metadata(&ListParams::default().labels(&selector))
             .await
         else {
-            return;
+            return false;
         };
         for node in nodes {
             if let Some(name) = node.metadata.name
@@ -125,16 +190,36 @@ impl Controller {
                 self.delete_node(&name).await;
             }
         }
+        self.metrics.orphan_checks.inc();
+        true
     }
 
+    /// Deletes this install's Node `node` and its Lease; anyone else's Node is left alone.
     async fn delete_node(&self, node: &str) {
         let nodes: Api<Node> = Api::all(self.root.clone());
         let leases: Api<Lease> = Api::namespaced(self.root.clone(), NODE_LEASE_NAMESPACE);
+        let uid = match nodes.get_opt(node).await {
+            Ok(Some(found)) if self.ownership(&found) == Ownership::Ours => found.metadata.uid,
+            Ok(Some(found)) => {
+                tracing::info!(node, owner = ?self.ownership(&found), "not deleting a node this install does not own");
+                return;
+            }
+            Ok(None) => None,
+            Err(err) => {
+                tracing::warn!(%err, node, "reading virtual node before deleting it");
+                return;
+            }
+        };
+        // The uid precondition: never delete a Node someone recreated meanwhile.
+        let params = DeleteParams {
+            preconditions: uid.map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
         for result in [
-            nodes
-                .delete(node, &DeleteParams::default())
-                .await
-                .map(|_| ()),
+            nodes.delete(node, &params).await.map(|_| ()),
             leases
                 .delete(node, &DeleteParams::default())
                 .await
@@ -159,9 +244,11 @@ impl Controller {
             written: None,
             lease_renewed: None,
             node_uid: None,
+            refused: None,
         };
         let mut tick = tokio::time::interval(RECOMPUTE);
         let mut leadership = self.leadership.clone();
+        let mut node_events = self.watch_node(&leaf.node_name);
         loop {
             // Renewal is judged on the tick schedule, not on when the last write finished:
             // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
@@ -173,6 +260,17 @@ impl Controller {
                 now = tick.tick() => now,
                 _ = leadership.changed() => {
                     tick.reset_immediately();
+                    continue;
+                }
+                Some(event) = node_events.next() => {
+                    // Someone deleted or altered the Node: put it back now, not at the next
+                    // heartbeat. Our own writes match what we wrote and change nothing.
+                    if self.leadership.is_leader() && state.differs_from(&event, &self) {
+                        tracing::info!(node = %leaf.node_name, "virtual node deleted or changed by someone else: restoring it");
+                        state.node_uid = None;
+                        state.written = None;
+                        tick.reset_immediately();
+                    }
                     continue;
                 }
             };
@@ -194,9 +292,22 @@ impl Controller {
                 state.node_uid = None;
                 continue;
             }
-            if let Err(err) = self.sync_leaf(&leaf, &watch, &mut state, now).await {
-                tracing::warn!(leaf = %leaf.name, node = %leaf.node_name, %err, "updating virtual node");
-                state.node_uid = None;
+            match self.sync_leaf(&leaf, &watch, &mut state, now).await {
+                Ok(()) => state.refused = None,
+                Err(err @ SyncError::NotOurs { .. }) => {
+                    // Said loudly once, not every round; retried in case the other goes.
+                    let message = err.to_string();
+                    if state.refused.as_deref() != Some(message.as_str()) {
+                        tracing::error!(leaf = %leaf.name, node = %leaf.node_name, %err, "virtual node not ours");
+                        self.metrics.node_write_error("conflict");
+                        state.refused = Some(message);
+                    }
+                    state.node_uid = None;
+                }
+                Err(err) => {
+                    tracing::warn!(leaf = %leaf.name, node = %leaf.node_name, %err, "updating virtual node");
+                    state.node_uid = None;
+                }
             }
         }
     }
@@ -207,7 +318,7 @@ impl Controller {
         watch: &LeafWatch,
         state: &mut LeafLoop,
         tick: Instant,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<(), SyncError> {
         let nodes: Api<Node> = Api::all(self.root.clone());
         let leaf_nodes = watch.node_list();
         let own_pods = self.pods.leaf_pods_on(&leaf.node_name, &leaf.namespaces);
@@ -296,15 +407,47 @@ impl Controller {
         Ok(())
     }
 
+    /// The watch events of Node `name`: applied (created or changed) or deleted.
+    fn watch_node(&self, name: &str) -> BoxStream<'static, NodeEvent> {
+        let api: Api<Node> = Api::all(self.root.clone());
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        watcher(api, config)
+            .default_backoff()
+            .filter_map(|event| async move {
+                match event {
+                    Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                        Some(NodeEvent::Applied(Box::new(node)))
+                    }
+                    Ok(watcher::Event::Delete(_)) => Some(NodeEvent::Deleted),
+                    Ok(_) => None,
+                    Err(err) => {
+                        tracing::debug!(%err, "watching the virtual node (retrying)");
+                        None
+                    }
+                }
+            })
+            .boxed()
+    }
+
     /// Gets the Node, creating it when missing.
     async fn ensure_node(
         &self,
         leaf: &Leaf,
         info: &k8s_openapi::api::core::v1::NodeSystemInfo,
-    ) -> Result<Node, kube::Error> {
+    ) -> Result<Node, SyncError> {
         let nodes: Api<Node> = Api::all(self.root.clone());
         if let Some(node) = nodes.get_opt(&leaf.node_name).await? {
-            return Ok(node);
+            return match self.ownership(&node) {
+                Ownership::Ours | Ownership::Unclaimed => Ok(node),
+                Ownership::Install(owner) => Err(SyncError::NotOurs {
+                    node: leaf.node_name.clone(),
+                    owner: format!("the relaylet install in namespace {owner}"),
+                }),
+                Ownership::Foreign => Err(SyncError::NotOurs {
+                    node: leaf.node_name.clone(),
+                    owner: "something other than relaylet".to_string(),
+                }),
+            };
         }
         let labels = self.labels_for(leaf, info);
         let node = Node {
@@ -322,9 +465,9 @@ impl Controller {
         tracing::info!(node = %leaf.node_name, leaf = %leaf.name, "creating virtual node");
         match nodes.create(&PostParams::default(), &node).await {
             Ok(node) => Ok(node),
-            // Another writer won the race: use its Node.
-            Err(kube::Error::Api(e)) if e.code == 409 => nodes.get(&leaf.node_name).await,
-            Err(e) => Err(e),
+            // Another writer won the race: use its Node if it is ours (checked next round).
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(nodes.get(&leaf.node_name).await?),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -345,6 +488,7 @@ impl Controller {
             MANAGED_BY_LABEL.0.to_string(),
             MANAGED_BY_LABEL.1.to_string(),
         );
+        labels.insert(OWNER_LABEL.to_string(), self.owner.clone());
         labels
     }
 
@@ -486,6 +630,37 @@ struct LeafLoop {
     written: Option<(NodeStatus, Instant)>,
     lease_renewed: Option<Instant>,
     node_uid: Option<String>,
+    /// Why the Node was last refused (it is not ours), so that is logged once.
+    refused: Option<String>,
+}
+
+/// What the watch of a leaf's Node saw.
+enum NodeEvent {
+    Applied(Box<Node>),
+    Deleted,
+}
+
+impl LeafLoop {
+    /// Whether `event` shows the Node other than this loop left it: gone, replaced, without our
+    /// labels, or with other addresses or kubelet port than written.
+    fn differs_from(&self, event: &NodeEvent, controller: &Controller) -> bool {
+        let NodeEvent::Applied(node) = event else {
+            return self.node_uid.is_some();
+        };
+        if self.node_uid.is_none() {
+            // Not written yet (or being restored): the loop's next round reads it anyway.
+            return false;
+        }
+        if node.metadata.uid != self.node_uid || controller.ownership(node) != Ownership::Ours {
+            return true;
+        }
+        let Some((written, _)) = &self.written else {
+            return false;
+        };
+        let status = node.status.as_ref();
+        status.and_then(|s| s.addresses.as_ref()) != written.addresses.as_ref()
+            || status.and_then(|s| s.daemon_endpoints.as_ref()) != written.daemon_endpoints.as_ref()
+    }
 }
 
 /// Whether two statuses differ in anything but heartbeat times.
