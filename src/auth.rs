@@ -102,6 +102,9 @@ pub struct Access {
     pub verb: String,
     pub subresource: String,
     pub node: String,
+    /// Whether `nodes/proxy` also grants it, when `subresource` is denied (the 1.36 kubelet's
+    /// fine-grained paths that used to need `nodes/proxy`: `/pods`, `/healthz`, `/configz`).
+    pub proxy_fallback: bool,
 }
 
 impl Access {
@@ -117,12 +120,16 @@ impl Access {
             verb: verb.to_string(),
             subresource: "proxy".to_string(),
             node: node.to_string(),
+            proxy_fallback: false,
         }
     }
 
-    /// The access a non-relay kubelet path needs, as the kubelet authorizes it: `/metrics*`
-    /// needs `nodes/metrics`, `/stats*` needs `nodes/stats`, anything else (`/pods` included)
-    /// `nodes/proxy`; the verb follows the method.
+    /// The access a non-relay kubelet path needs, as a 1.36 kubelet (`KubeletFineGrainedAuthz`,
+    /// GA) authorizes it: `/metrics*` `nodes/metrics`, `/stats*` `nodes/stats`, `/logs*`
+    /// `nodes/log`, `/spec*` `nodes/spec`, `/checkpoint*` `nodes/checkpoint`; `/pods` and
+    /// `/runningPods` `nodes/pods`, `/healthz` `nodes/healthz`, `/configz` `nodes/configz`, each
+    /// with `nodes/proxy` as the fallback older RBAC relies on; anything else `nodes/proxy`. The
+    /// verb follows the method.
     pub fn for_path(path: &str, method: &http::Method, node: &str) -> Access {
         let under = |prefix: &str| {
             path == prefix
@@ -130,17 +137,36 @@ impl Access {
                     .strip_prefix(prefix)
                     .is_some_and(|rest| rest.starts_with('/'))
         };
-        let subresource = if under("/metrics") {
-            "metrics"
-        } else if under("/stats") {
-            "stats"
-        } else {
-            "proxy"
-        };
+        const FINE: [(&str, &str, bool); 9] = [
+            ("/metrics", "metrics", false),
+            ("/stats", "stats", false),
+            ("/logs", "log", false),
+            ("/spec", "spec", false),
+            ("/checkpoint", "checkpoint", false),
+            ("/pods", "pods", true),
+            ("/runningPods", "pods", true),
+            ("/healthz", "healthz", true),
+            ("/configz", "configz", true),
+        ];
+        let (subresource, proxy_fallback) = FINE
+            .iter()
+            .find(|(prefix, _, _)| under(prefix))
+            .map(|(_, sub, fallback)| (*sub, *fallback))
+            .unwrap_or(("proxy", false));
         Access {
             verb: verb_of(method).to_string(),
             subresource: subresource.to_string(),
             node: node.to_string(),
+            proxy_fallback,
+        }
+    }
+
+    /// The same access through `nodes/proxy`.
+    fn via_proxy(&self) -> Access {
+        Access {
+            subresource: "proxy".to_string(),
+            proxy_fallback: false,
+            ..self.clone()
         }
     }
 }
@@ -201,31 +227,39 @@ impl Authenticator {
         }
     }
 
-    /// Checks that `caller` may do `access`.
+    /// Checks that `caller` may do `access` (or, where it has one, its `nodes/proxy` fallback).
     pub async fn authorize(&self, caller: &Caller, access: &Access) -> Result<(), AuthError> {
         if self.mode != AuthMode::Webhook {
             return Ok(());
         }
-        let key = (caller.clone(), access.clone());
-        let allowed = match self.decisions.get(&key) {
-            Some(allowed) => allowed,
-            None => {
-                let allowed = self.review_access(caller, access).await?;
-                let ttl = if allowed { ALLOWED_TTL } else { DENIED_TTL };
-                self.decisions.put(key, allowed, ttl);
-                allowed
-            }
-        };
-        if allowed {
-            Ok(())
-        } else {
-            Err(AuthError::Forbidden {
-                user: caller.user.clone(),
-                verb: access.verb.clone(),
-                subresource: access.subresource.clone(),
-                node: access.node.clone(),
-            })
+        if self.allowed(caller, access).await?
+            || (access.proxy_fallback && self.allowed(caller, &access.via_proxy()).await?)
+        {
+            return Ok(());
         }
+        let subresource = if access.proxy_fallback {
+            format!("{}\" or \"nodes/proxy", access.subresource)
+        } else {
+            access.subresource.clone()
+        };
+        Err(AuthError::Forbidden {
+            user: caller.user.clone(),
+            verb: access.verb.clone(),
+            subresource,
+            node: access.node.clone(),
+        })
+    }
+
+    /// One decision, cached.
+    async fn allowed(&self, caller: &Caller, access: &Access) -> Result<bool, AuthError> {
+        let key = (caller.clone(), access.clone());
+        if let Some(allowed) = self.decisions.get(&key) {
+            return Ok(allowed);
+        }
+        let allowed = self.review_access(caller, access).await?;
+        let ttl = if allowed { ALLOWED_TTL } else { DENIED_TTL };
+        self.decisions.put(key, allowed, ttl);
+        Ok(allowed)
     }
 
     fn root(&self) -> Result<Client, AuthError> {
@@ -395,18 +429,25 @@ mod tests {
     fn other_paths_need_the_kubelet_subresource() {
         let get = &http::Method::GET;
         let cases = [
-            ("/metrics", "metrics"),
-            ("/metrics/resource", "metrics"),
-            ("/metrics/cadvisor", "metrics"),
-            ("/metricsfoo", "proxy"),
-            ("/stats/summary", "stats"),
-            ("/stats", "stats"),
-            ("/pods", "proxy"),
-            ("/configz", "proxy"),
+            ("/metrics", "metrics", false),
+            ("/metrics/resource", "metrics", false),
+            ("/metrics/cadvisor", "metrics", false),
+            ("/metricsfoo", "proxy", false),
+            ("/stats/summary", "stats", false),
+            ("/stats", "stats", false),
+            ("/logs/", "log", false),
+            ("/spec/", "spec", false),
+            ("/checkpoint/ns/pod/c", "checkpoint", false),
+            ("/pods", "pods", true),
+            ("/runningPods/", "pods", true),
+            ("/healthz", "healthz", true),
+            ("/configz", "configz", true),
+            ("/debug/pprof", "proxy", false),
         ];
-        for (path, subresource) in cases {
+        for (path, subresource, fallback) in cases {
             let access = Access::for_path(path, get, "n");
             assert_eq!(access.subresource, subresource, "{path}");
+            assert_eq!(access.proxy_fallback, fallback, "{path}");
             assert_eq!(access.verb, "get", "{path}");
         }
         assert_eq!(

@@ -68,7 +68,7 @@ pub struct NodeServer {
 impl NodeServer {
     fn router(self: Arc<Self>) -> Router {
         Router::new()
-            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/healthz", axum::routing::get(node_healthz))
             .route("/metrics", axum::routing::get(node_metrics))
             .route(
                 "/metrics/resource",
@@ -453,10 +453,15 @@ impl NodeServer {
         }
     }
 
-    /// Authenticates the caller and authorizes `path` on the listener's node, like the kubelet
-    /// (`nodes/metrics`, `nodes/stats`, `nodes/proxy`); the node on success.
-    async fn authorize_node_path(&self, req: Request) -> Result<String, Box<Response>> {
-        let node = self.node_for_path()?;
+    /// Authenticates the caller and authorizes the path on the listener's node, like a 1.36
+    /// kubelet (`Access::for_path`); the node on success. With `any_node`, a shared port serving
+    /// several nodes authorizes against all of them instead of answering 404 (for `/healthz`,
+    /// which is the same for every node).
+    async fn authorize_node_path(
+        &self,
+        req: Request,
+        any_node: bool,
+    ) -> Result<String, Box<Response>> {
         let cert = req
             .extensions()
             .get::<PeerCert>()
@@ -473,6 +478,11 @@ impl NodeServer {
                 return Err(Box::new(status::response(err.status(), err.to_string())));
             }
         };
+        let node = match self.node_for_path() {
+            Ok(node) => node,
+            Err(_) if any_node => String::new(),
+            Err(resp) => return Err(resp),
+        };
         let access = Access::for_path(req.uri().path(), req.method(), &node);
         if let Err(err) = self.auth.authorize(&caller, &access).await {
             self.count_auth_error(&err);
@@ -483,9 +493,18 @@ impl NodeServer {
     }
 }
 
+/// The kubelet's `/healthz`, behind `nodes/healthz` (or `nodes/proxy`) like a 1.36 kubelet's.
+/// The pod's probes use the metrics port instead, which needs no credentials.
+async fn node_healthz(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
+    match server.authorize_node_path(req, true).await {
+        Ok(_) => "ok".into_response(),
+        Err(resp) => *resp,
+    }
+}
+
 /// relaylet's own metrics, behind `nodes/metrics` (the apiserver's `nodes/{name}/proxy/metrics`).
 async fn node_metrics(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    match server.authorize_node_path(req).await {
+    match server.authorize_node_path(req, false).await {
         Ok(_) => server.metrics.response(),
         Err(resp) => *resp,
     }
@@ -494,7 +513,7 @@ async fn node_metrics(State(server): State<Arc<NodeServer>>, req: Request) -> Re
 /// The node's pods' usage in the kubelet's `/metrics/resource` format (what metrics-server
 /// scrapes).
 async fn node_resource_metrics(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    let node = match server.authorize_node_path(req).await {
+    let node = match server.authorize_node_path(req, false).await {
         Ok(node) => node,
         Err(resp) => return *resp,
     };
@@ -515,7 +534,7 @@ async fn node_resource_metrics(State(server): State<Arc<NodeServer>>, req: Reque
 
 /// The node's pods' usage as the kubelet's stats Summary.
 async fn node_summary(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    let node = match server.authorize_node_path(req).await {
+    let node = match server.authorize_node_path(req, false).await {
         Ok(node) => node,
         Err(resp) => return *resp,
     };
@@ -527,7 +546,7 @@ async fn node_summary(State(server): State<Arc<NodeServer>>, req: Request) -> Re
 
 /// The root pods bound to the node, as the kubelet's `/pods` PodList.
 async fn node_pods(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    let node = match server.authorize_node_path(req).await {
+    let node = match server.authorize_node_path(req, false).await {
         Ok(node) => node,
         Err(resp) => return *resp,
     };

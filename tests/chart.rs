@@ -720,8 +720,9 @@ fn check_invariants(r: &Rendered, set: &str) {
             .is_some_and(|a| a.ends_with(&format!(":{metrics_port}"))),
         "{set}"
     );
-    // Liveness on the kubelet port's unauthenticated /healthz; readiness on the metrics port's
-    // /readyz, which also turns false while shutting down.
+    // Liveness on the metrics port's /livez (the kubelet port's /healthz needs credentials, like
+    // a kubelet's); readiness on the metrics port's /readyz, which also turns false while
+    // shutting down.
     let get = c
         .liveness_probe
         .as_ref()
@@ -729,13 +730,13 @@ fn check_invariants(r: &Rendered, set: &str) {
         .http_get
         .as_ref()
         .unwrap();
-    assert_eq!(get.path.as_deref(), Some("/healthz"), "{set}");
+    assert_eq!(get.path.as_deref(), Some("/livez"), "{set}");
     assert_eq!(
         get.port,
-        IntOrString::String("kubelet".to_string()),
+        IntOrString::String("metrics".to_string()),
         "{set}"
     );
-    assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{set}");
+    assert_eq!(get.scheme.as_deref(), Some("HTTP"), "{set}");
     let get = c
         .readiness_probe
         .as_ref()

@@ -26,6 +26,20 @@ fn settings() -> Settings {
                 .verbs(&["get", "create"])
                 .api_groups(&[""])
                 .resources(&["nodes/proxy"]),
+            // Fine-grained kubelet authorization (1.36): healthz and pods on their own ...
+            Rule::user("prober")
+                .verbs(&["get"])
+                .api_groups(&[""])
+                .resources(&["nodes/healthz", "nodes/pods"]),
+            // ... or through nodes/proxy, the fallback older RBAC relies on.
+            Rule::user("legacy-monitor")
+                .verbs(&["get"])
+                .api_groups(&[""])
+                .resources(&["nodes/proxy"]),
+            Rule::user("config-reader")
+                .verbs(&["get"])
+                .api_groups(&[""])
+                .resources(&["nodes/configz"]),
             // A group rule: every authenticated user, certificate or token, may read metrics.
             Rule::group("system:authenticated")
                 .verbs(&["get"])
@@ -98,6 +112,26 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// A TLS connection to virtual node `node`'s own kubelet port (node-level paths are served
+/// there), presenting `identity` if given.
+async fn connect_node(
+    e: &Env,
+    node: &str,
+    identity: Option<&Identity>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let port = e
+        .sandbox
+        .relaylet
+        .node_ports
+        .addr_of(node)
+        .expect("the node's own kubelet port");
+    let tcp = TcpStream::connect(port).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("server name");
+    tokio_rustls::TlsConnector::from(e.kubelet_api_tls(identity))
+        .connect(name, tcp)
+        .await
+}
+
 fn get(path: &str, extra: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\nConnection: close\r\n{extra}\r\n")
 }
@@ -126,10 +160,10 @@ fn no_credentials_is_401() {
         .await;
         assert_eq!(code, 401, "{body}");
         assert!(body.contains("\"reason\":\"Unauthorized\""), "{body}");
-        // Health stays open for probes.
+        // /healthz too, like a kubelet's (the pod's probes use the metrics port).
         let mut tls = connect(e, None).await.unwrap();
         let (code, _) = request(&mut tls, &get("/healthz", "")).await;
-        assert_eq!(code, 200);
+        assert_eq!(code, 401);
     });
 }
 
@@ -426,7 +460,8 @@ fn slow_clients_are_cut() {
             "dribbling client cut after {cut_after:?}"
         );
         // Meanwhile, normal callers are served.
-        let mut tls = connect(e, None).await.unwrap();
+        let admin = e.kubelet_client_identity();
+        let mut tls = connect(e, Some(&admin)).await.unwrap();
         assert_eq!(request(&mut tls, &get("/healthz", "")).await.0, 200);
     });
 }
@@ -536,20 +571,48 @@ fn certificate_callers_get_group_rules_for_system_authenticated() {
             .issue_client("eve", &["developers"])
             .unwrap();
         // Node-level paths are served on each virtual node's own port.
-        let port = e
-            .sandbox
-            .relaylet
-            .node_ports
-            .addr_of("relaylet-leaf-1")
-            .expect("leaf-1's kubelet port");
-        let tcp = TcpStream::connect(port).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let mut tls = tokio_rustls::TlsConnector::from(e.kubelet_api_tls(Some(&eve)))
-            .connect(name, tcp)
+        let mut tls = connect_node(e, "relaylet-leaf-1", Some(&eve))
             .await
             .unwrap();
         let (code, body) = request(&mut tls, &get("/metrics", "")).await;
         assert_eq!(code, 200, "{body}");
         assert!(body.contains("# TYPE relaylet_"), "{body}");
+    });
+}
+
+/// Node-level paths are authorized like a 1.36 kubelet's (`KubeletFineGrainedAuthz`, GA):
+/// `/healthz` needs `nodes/healthz` and `/pods` `nodes/pods`, each with `nodes/proxy` as the
+/// fallback; a neighbouring fine-grained right (`nodes/configz`) does not open them.
+#[test]
+fn node_paths_are_authorized_fine_grained_with_the_proxy_fallback() {
+    let e = env(settings);
+    RT.block_on(async {
+        let ask = |user: &'static str, path: &'static str| async move {
+            let id = e.sandbox.root.ca.issue_client(user, &[]).unwrap();
+            let mut tls = connect_node(e, "relaylet-leaf-1", Some(&id)).await.unwrap();
+            request(&mut tls, &get(path, "")).await
+        };
+        for user in ["prober", "legacy-monitor"] {
+            for path in ["/healthz", "/pods"] {
+                let (code, body) = ask(user, path).await;
+                assert_eq!(code, 200, "{user} {path}: {body}");
+            }
+        }
+        for path in ["/healthz", "/pods"] {
+            let (code, body) = ask("config-reader", path).await;
+            assert_eq!(code, 403, "{path}: {body}");
+            let sub = &path[1..];
+            assert!(
+                body.contains(&format!(
+                    "cannot get resource \\\"nodes/{sub}\\\" or \\\"nodes/proxy\\\""
+                )),
+                "{body}"
+            );
+        }
+        // /healthz on the shared port, which serves both virtual nodes: against every node.
+        let id = e.sandbox.root.ca.issue_client("prober", &[]).unwrap();
+        let mut tls = connect(e, Some(&id)).await.unwrap();
+        let (code, body) = request(&mut tls, &get("/healthz", "")).await;
+        assert_eq!(code, 200, "{body}");
     });
 }
