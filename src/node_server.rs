@@ -228,6 +228,22 @@ fn refusal(message: String) -> Router {
 }
 
 async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    let logs = path.starts_with("/containerLogs/");
+    let resp = handle_call(server, req).await;
+    if logs {
+        let resp = status::as_kubelet_text(resp).await;
+        if !resp.status().is_success() {
+            tracing::info!(code = resp.status().as_u16(), path = %path, "containerLogs refused");
+        }
+        resp
+    } else {
+        resp
+    }
+}
+
+/// Authenticates, parses, authorizes, finds the leaf pod and relays one kubelet call.
+async fn handle_call(server: Arc<NodeServer>, req: Request) -> Response {
     let cert = req
         .extensions()
         .get::<PeerCert>()
