@@ -2,8 +2,9 @@
 //! and the probes that keep the reachability gauges and readiness current.
 //!
 //! - `/livez` and `/healthz`: the process serves HTTP (a restart would not help otherwise).
-//! - `/readyz`: the root apiserver answered the last probe, at least one leaf did, the serving
-//!   certificate is loaded, and shutdown has not begun. A replica that is not ready is taken out
+//! - `/readyz`: the root apiserver answered the last probe, at least one leaf did (when any is
+//!   registered: a fresh install without leaves is ready), the serving certificate is loaded,
+//!   and shutdown has not begun. A replica that is not ready is taken out
 //!   of the Service but keeps relaying the sessions it has.
 //!
 //! The port carries no secrets and no pod data, only counts, so it is unauthenticated like the
@@ -83,8 +84,14 @@ impl Health {
             return Some("root apiserver unreachable".to_string());
         }
         let leaves = self.leaves_ok.lock().unwrap_or_else(|e| e.into_inner());
-        if !leaves.values().any(|ok| *ok) {
-            return Some("no leaf cluster reachable".to_string());
+        // No leaf registered yet is not a fault (a fresh install before its first leaf Secret;
+        // a replica that is not ready would only block drains and rollouts); leaves that are
+        // all unreachable are.
+        if !leaves.is_empty() && !leaves.values().any(|ok| *ok) {
+            return Some(format!(
+                "no leaf cluster reachable ({})",
+                leaves.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
         }
         None
     }
@@ -93,7 +100,6 @@ impl Health {
     pub async fn probe(self: Arc<Self>, root: Client, registry: Registry) {
         loop {
             let root_ok = reachable(&root).await;
-            self.root_ok.store(root_ok, Ordering::Relaxed);
             self.metrics.root_reachable.set(i64::from(root_ok));
             let leaves = registry.snapshot();
             let mut results = BTreeMap::new();
@@ -115,6 +121,9 @@ impl Health {
                 }
                 *known = results;
             }
+            // After the leaves: a replica is never ready on a root probe alone while its leaves
+            // have not been probed yet.
+            self.root_ok.store(root_ok, Ordering::Relaxed);
             tokio::time::sleep(PROBE_EVERY).await;
         }
     }
@@ -211,18 +220,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ready_needs_root_a_leaf_certificates_and_no_shutdown() {
+    fn ready_needs_root_a_reachable_leaf_if_any_certificates_and_no_shutdown() {
         let stop = CancellationToken::new();
         let h = Health::new(Metrics::new(), stop.clone());
         assert!(h.not_ready().unwrap().contains("certificate"));
         h.certificates_loaded();
         assert!(h.not_ready().unwrap().contains("root"));
         h.root_ok.store(true, Ordering::Relaxed);
-        assert!(h.not_ready().unwrap().contains("leaf"));
+        assert_eq!(h.not_ready(), None, "no leaf registered yet is ready");
         h.leaves_ok
             .lock()
             .unwrap()
-            .extend([("a".to_string(), false), ("b".to_string(), true)]);
+            .extend([("a".to_string(), false), ("b".to_string(), false)]);
+        assert_eq!(
+            h.not_ready().as_deref(),
+            Some("no leaf cluster reachable (a, b)")
+        );
+        h.leaves_ok.lock().unwrap().insert("b".to_string(), true);
         assert_eq!(h.not_ready(), None);
         stop.cancel();
         assert!(h.not_ready().unwrap().contains("shutting down"));

@@ -1416,6 +1416,10 @@ fn plain_manifests_are_the_chart_rendered_with_default_values() {
         on_disk == String::from_utf8(out.stdout).unwrap(),
         "deploy/relaylet.yaml is out of date: run deploy/render.sh"
     );
+    assert!(
+        !on_disk.contains("managed-by: Helm"),
+        "plain manifests are not Helm's"
+    );
     let r = Rendered::parse(&on_disk);
     check_invariants(&r, "deploy/relaylet.yaml");
 }
@@ -1727,4 +1731,71 @@ async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
     let minted =
         String::from_utf8(r.secrets[0].data.as_ref().unwrap()["kubeconfig"].0.clone()).unwrap();
     assert!(minted.contains("server: https://leaf-a.internal:6443"));
+}
+
+/// A replica that is not ready never blocks a drain, and the memory limit follows the session
+/// cap unless one is given; the caps reach relaylet's env.
+#[test]
+fn drains_are_never_blocked_and_memory_follows_the_session_cap() {
+    let r = Rendered::render(&ValueSet::defaults());
+    assert_eq!(r.pdbs.len(), 1);
+    assert_eq!(
+        r.pdbs[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .unhealthy_pod_eviction_policy
+            .as_deref(),
+        Some("AlwaysAllow")
+    );
+    let memory_limit = |r: &Rendered| {
+        r.container()
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()["memory"]
+            .0
+            .clone()
+    };
+    // 64 MiB + 4096 sessions x 32 KiB.
+    assert_eq!(memory_limit(&r), "192Mi");
+    assert_eq!(r.env_value("MAX_SESSIONS"), Some("4096"));
+    assert_eq!(r.env_value("MAX_SESSIONS_PER_USER"), Some("4096"));
+    assert_eq!(r.env_value("MAX_CONNECTIONS"), Some("16384"));
+    assert_eq!(r.env_value("MAX_PENDING_HANDSHAKES"), Some("1024"));
+    let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxSessions=16384"]));
+    assert_eq!(memory_limit(&r), "576Mi");
+    assert_eq!(r.env_value("MAX_SESSIONS"), Some("16384"));
+    let r = Rendered::render(
+        &ValueSet::defaults().with(&["--set", "resources.limits.memory=1Gi"]),
+    );
+    assert_eq!(memory_limit(&r), "1Gi", "a limit given is kept");
+    // What relaylet reads from that env is what the chart says.
+    let env: BTreeMap<String, String> = r
+        .container()
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+        .chain([("LEAF_NODE_IP".to_string(), "10.0.0.1".to_string())])
+        .collect();
+    let config = relaylet::config::Config::from_lookup(|name| env.get(name).cloned())
+        .expect("the chart's env is a valid configuration");
+    assert_eq!(config.limits.sessions, 4096);
+    assert_eq!(config.limits.pending_handshakes, 1024);
+}
+
+#[test]
+fn notes_say_how_to_add_a_leaf_and_what_metrics_server_needs() {
+    let text = notes(&ValueSet::defaults());
+    assert!(
+        text.contains("kubectl --context <leaf-context> apply -f deploy/leaf-rbac.yaml"),
+        "{text}"
+    );
+    assert!(text.contains("relaylet.io/root-pod-uid"), "{text}");
+    assert!(text.contains("--kubelet-insecure-tls"), "{text}");
+    let text = notes(&ValueSet::ci("network-policy"));
+    assert!(text.contains("networkPolicy.extraKubeletFrom"), "{text}");
 }

@@ -62,3 +62,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-serving-cert" (include "relaylet.fullname" .) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The container's resources: the values', with a memory limit made from limits.maxSessions when
+none is given (64 MiB plus 32 KiB per session), so the session cap is reached before the OOM
+killer.
+*/}}
+{{- define "relaylet.resources" -}}
+{{- $res := deepCopy .Values.resources -}}
+{{- $limits := default (dict) $res.limits -}}
+{{- if not (hasKey $limits "memory") -}}
+{{- $_ := set $limits "memory" (printf "%dMi" (add 64 (div (mul (int .Values.limits.maxSessions) 32) 1024))) -}}
+{{- end -}}
+{{- $_ := set $res "limits" $limits -}}
+{{- toYaml $res -}}
+{{- end -}}
