@@ -64,6 +64,10 @@ async fn serve() -> anyhow::Result<()> {
 async fn sandbox(args: &[String]) -> anyhow::Result<()> {
     relaylet::telemetry::init(LogFormat::Text);
     let options = relaylet::sandbox::Options::parse(args)?;
+    if options.help {
+        println!("{}", relaylet::sandbox::SANDBOX_USAGE);
+        return Ok(());
+    }
     relaylet::sandbox::run(options).await
 }
 

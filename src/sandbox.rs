@@ -38,11 +38,23 @@ pub const RELAYLET_LEAF_USER: &str = "system:serviceaccount:relaylet:relaylet-le
 /// The leaf-side RBAC relaylet ships; the sandbox's leaves enforce exactly its rules.
 pub const LEAF_RBAC_MANIFEST: &str = include_str!("../deploy/leaf-rbac.yaml");
 
+/// What `relaylet sandbox --help` prints.
+pub const SANDBOX_USAGE: &str = "usage: relaylet sandbox [--kubeconfig-out PATH]
+
+Starts a simulated root cluster and two leaf clusters on loopback with the real relaylet
+between them, and prints an `export KUBECONFIG=...` line for your kubectl. Ctrl-C stops it.
+
+  --kubeconfig-out PATH  where to write the root cluster's admin kubeconfig
+                         (default: target/sandbox/kubeconfig)
+  -h, --help             this text";
+
 /// Command-line options of `relaylet sandbox`.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Where to write the root cluster's kubeconfig.
     pub kubeconfig_out: Option<PathBuf>,
+    /// Print the usage and stop.
+    pub help: bool,
 }
 
 impl Options {
@@ -57,8 +69,9 @@ impl Options {
                         .ok_or_else(|| anyhow::anyhow!("--kubeconfig-out needs a path"))?;
                     options.kubeconfig_out = Some(path.into());
                 }
+                "-h" | "--help" => options.help = true,
                 other => {
-                    anyhow::bail!("unknown sandbox option {other:?} (try --kubeconfig-out PATH)")
+                    anyhow::bail!("unknown sandbox option {other:?}\n\n{SANDBOX_USAGE}")
                 }
             }
         }

@@ -1768,9 +1768,7 @@ fn drains_are_never_blocked_and_memory_follows_the_session_cap() {
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxSessions=16384"]));
     assert_eq!(memory_limit(&r), "576Mi");
     assert_eq!(r.env_value("MAX_SESSIONS"), Some("16384"));
-    let r = Rendered::render(
-        &ValueSet::defaults().with(&["--set", "resources.limits.memory=1Gi"]),
-    );
+    let r = Rendered::render(&ValueSet::defaults().with(&["--set", "resources.limits.memory=1Gi"]));
     assert_eq!(memory_limit(&r), "1Gi", "a limit given is kept");
     // What relaylet reads from that env is what the chart says.
     let env: BTreeMap<String, String> = r

@@ -36,6 +36,11 @@ pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
         let settings = settings();
         RT.block_on(async {
             let sandbox = Sandbox::start(settings).await.expect("sandbox starts");
+            remove_at_exit(sandbox.files().to_path_buf());
+            remove_at_exit(sandbox.root.data_dir());
+            for leaf in sandbox.leaves.values() {
+                remove_at_exit(leaf.data_dir());
+            }
             let kubeconfig = sandbox.files().join("root-admin.kubeconfig");
             sandbox
                 .write_kubeconfig(&kubeconfig)
@@ -46,6 +51,26 @@ pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
             }
         })
     })
+}
+
+/// Directories to remove when the test process exits: the binary's sandbox lives in a static,
+/// which is never dropped, so its temporary directories would otherwise stay behind.
+static AT_EXIT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn remove_at_exit(dir: PathBuf) {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    extern "C" fn remove_all() {
+        let dirs = std::mem::take(&mut *AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()));
+        for dir in dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()).push(dir);
+    // SAFETY: `remove_all` is a plain function that only takes a lock and removes files; it is
+    // registered once and runs at normal process exit.
+    REGISTERED.call_once(|| unsafe {
+        libc::atexit(remove_all);
+    });
 }
 
 impl Env {
