@@ -56,6 +56,12 @@ impl Ca {
         self.issuer.pem()
     }
 
+    /// The CA's private key in PEM (for a real control plane's signer in the real-Kubernetes
+    /// tests; the sim itself never writes it out).
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
     /// The CA certificate in DER.
     pub fn cert_der(&self) -> CertificateDer<'static> {
         self.issuer.der().clone()

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes components the real-Kubernetes tests run (tests/real_*.rs) from
+# their Go modules at the versions pinned in tests/realk8s/*/go.mod, into a cache outside the
+# repository, and prints the directory holding the binaries on its last line. A second run with
+# the same pins (and the same leafkubelet source) reuses the binaries.
+#
+#   kube-apiserver, kube-controller-manager  k8s.io/kubernetes (tests/realk8s/k8s/go.mod)
+#   etcd                                     go.etcd.io/etcd/server/v3 (tests/realk8s/etcd)
+#   leafkubelet                              our small kubelet on the kubelet's streaming code
+#
+# Cache: $RELAYLET_K8S_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/relaylet/k8s. Nothing built
+# lands in the repository. A component that does not build stops this script with Go's error.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+src="$root/tests/realk8s"
+cache="${RELAYLET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/k8s}"
+
+k8s_version="$(cd "$src/k8s" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+etcd_version="$(cd "$src/etcd" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+[ -n "$k8s_version" ] && [ -n "$etcd_version" ] || {
+  echo "build-k8s.sh: cannot read the pinned versions from $src/*/go.mod" >&2
+  exit 1
+}
+# The upstream components are keyed by the pins alone, leafkubelet by its source as well, so
+# changing leafkubelet does not relink kube-apiserver.
+pins="$(cat "$src/k8s/go.mod" "$src/k8s/go.sum" "$src/etcd/go.mod" "$src/etcd/go.sum" | sha256sum | cut -c1-16)"
+ours="$(cat "$src/k8s/go.sum" $(find "$src" -name '*.go' | sort) | sha256sum | cut -c1-16)"
+bin="$cache/$k8s_version-etcd-$etcd_version-$pins/bin"
+own="$cache/leafkubelet-$ours/bin"
+
+build() {
+  local dir="$1" dest="$2" out="$3" pkg="$4" ldflags="${5:-}"
+  if [ ! -x "$dest/$out" ]; then
+    echo "build-k8s.sh: building $out ($pkg)" >&2
+    (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$dest/$out.tmp" "$pkg")
+    mv "$dest/$out.tmp" "$dest/$out"
+  fi
+}
+
+mkdir -p "$bin" "$own"
+minor="${k8s_version#v1.}"
+minor="${minor%%.*}"
+version_flags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+build "$src/etcd" "$bin" etcd .
+build "$src/k8s" "$bin" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$version_flags"
+build "$src/k8s" "$bin" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$version_flags"
+build "$src/k8s" "$own" leafkubelet ./cmd/leafkubelet "$version_flags"
+ln -sf "$own/leafkubelet" "$bin/leafkubelet"
+
+echo "build-k8s.sh: kubernetes $k8s_version, etcd $etcd_version" >&2
+echo "$bin"
