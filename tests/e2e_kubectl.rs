@@ -143,42 +143,12 @@ fn exec_stdin_reaches_the_process_and_eof_ends_it() {
 /// remote `stty size` sees both sizes.
 #[test]
 fn exec_tty_gets_initial_size_and_resize() {
-    const DRIVER: &str = r#"
-import fcntl, os, pty, select, struct, sys, termios, time
-def setsize(fd, rows, cols):
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-pid, fd = pty.fork()
-if pid == 0:
-    os.execvp(sys.argv[1], sys.argv[1:])
-setsize(fd, 40, 100)
-out = b""
-resized = False
-deadline = time.time() + 40
-while time.time() < deadline:
-    r, _, _ = select.select([fd], [], [], 0.2)
-    if r:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    if not resized and b"40 100" in out:
-        setsize(fd, 50, 132)
-        time.sleep(0.5)
-        os.write(fd, b"go\r")
-        resized = True
-_, status = os.waitpid(pid, 0)
-sys.stdout.write(out.decode("utf-8", "replace"))
-sys.exit(os.waitstatus_to_exitcode(status))
-"#;
     let e = env(settings);
     for (k, spdy) in variants() {
         let mut cmd = std::process::Command::new("python3");
         cmd.args([
             "-c",
-            DRIVER,
+            support::PTY_DRIVER,
             k.path.to_str().unwrap(),
             "exec",
             "-it",

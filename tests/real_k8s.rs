@@ -1,340 +1,48 @@
 //! relaylet against real Kubernetes: a root cluster (etcd, kube-apiserver with Node,RBAC, the
-//! front-proxy CA and a kubelet client certificate, kube-controller-manager) and a leaf cluster
-//! (etcd, kube-apiserver, a leafkubelet node), all built from their Go modules at the pinned
-//! versions (`tests/tools/build-k8s.sh`). relaylet is installed as a user installs it: the
-//! chart's ServiceAccount and RBAC applied to the real root apiserver (and its env taken from the
-//! rendered chart), the leaf reached through `deploy/leaf-rbac.yaml` and a Secret made by
-//! `deploy/make-leaf-secret.sh`. Real kubectl binaries then go through the real root apiserver.
+//! front-proxy CA and a kubelet client certificate, kube-controller-manager) and two leaf
+//! clusters (etcd, kube-apiserver, a leafkubelet node each), all built from their Go modules at
+//! the pinned versions (`tests/tools/build-k8s.sh`), with relaylet installed as a user installs
+//! it (`tests/realk8s/world.rs`). Real kubectl binaries and kube-rs go through the real root
+//! apiserver. The root dials `InternalDNS` first, as Kosmos installs do, and relaylet keeps the
+//! chart's default address type.
 
 #[path = "realk8s/harness.rs"]
 mod harness;
 mod support;
+#[path = "realk8s/world.rs"]
+mod world;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use harness::{ControlPlane, Options};
 use relaylet_sim::tools::Kubectl;
 use support::{Run, describe, text};
+use world::{RELAYLET_NAMESPACE, Setup, World};
 
-const LEAF: &str = "leaf-1";
-const LEAF_NODE: &str = "leaf-1-node";
 const VIRTUAL_NODE: &str = "relaylet-leaf-1";
-const RELAYLET_NAMESPACE: &str = "relaylet";
-
-/// The clusters and relaylet, started once per test binary.
-struct World {
-    root: ControlPlane,
-    leaf: ControlPlane,
-    relaylet: relaylet::Running,
-    _runtime: tokio::runtime::Runtime,
-    _dir: tempfile::TempDir,
-}
 
 fn world() -> &'static World {
     static WORLD: OnceLock<World> = OnceLock::new();
-    WORLD.get_or_init(start)
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    WORLD.get_or_init(|| {
+        let w = World::start(Setup {
+            root_address_order: "InternalDNS,Hostname,InternalIP,ExternalDNS,ExternalIP",
+            preferred_address_type: None,
+            replicas: 1,
+            leaves: &["leaf-1", "leaf-2"],
+            env: &[],
+        });
+        w.sync_pod("leaf-1", "default", "demo");
+        w.sync_pod("leaf-2", "default", "other");
+        // attach writes to its pod's log; the log tests read demo's.
+        w.sync_pod("leaf-1", "default", "attached");
+        w
+    })
 }
 
 fn kubectl(version: &str) -> Kubectl {
     relaylet_sim::tools::kubectl(version)
         .unwrap_or_else(|| panic!("kubectl {version} is not available: run tests/tools/install.sh"))
-}
-
-fn start() -> World {
-    let dir = tempfile::Builder::new()
-        .prefix("relaylet-real-k8s-")
-        .tempdir()
-        .expect("temp dir");
-    // The root dials the first InternalDNS address (relaylet's), Kosmos-style.
-    let root = ControlPlane::start(
-        dir.path(),
-        Options {
-            name: "root".into(),
-            preferred_address_types: "InternalDNS,Hostname,InternalIP,ExternalDNS,ExternalIP"
-                .into(),
-            controller_manager: true,
-        },
-    );
-    let mut leaf = ControlPlane::start(
-        dir.path(),
-        Options {
-            name: LEAF.into(),
-            preferred_address_types: "InternalIP,Hostname".into(),
-            controller_manager: false,
-        },
-    );
-    leaf.add_kubelet(LEAF_NODE);
-
-    // The root: relaylet's namespace, ServiceAccount and RBAC exactly as the chart renders them.
-    root.kubectl_ok(&["create", "namespace", RELAYLET_NAMESPACE]);
-    let rendered = helm_template(&[
-        "--show-only",
-        "templates/serviceaccount.yaml",
-        "--show-only",
-        "templates/rbac.yaml",
-    ]);
-    root.kubectl_stdin_ok(&["apply", "-f", "-"], Some(&rendered));
-
-    // The leaf: deploy/leaf-rbac.yaml, a bounded token for its ServiceAccount, and the Secret
-    // made by deploy/make-leaf-secret.sh in the root.
-    leaf.kubectl_ok(&[
-        "apply",
-        "-f",
-        &repo().join("deploy/leaf-rbac.yaml").display().to_string(),
-    ]);
-    let token = leaf.kubectl_ok(&[
-        "create",
-        "token",
-        "relaylet-leaf",
-        "-n",
-        "relaylet",
-        "--duration=24h",
-    ]);
-    let token_file = dir.path().join("leaf-token");
-    std::fs::write(&token_file, token.trim()).expect("token file");
-    let kubeconfigs = format!(
-        "{}:{}",
-        root.admin_kubeconfig.display(),
-        leaf.admin_kubeconfig.display()
-    );
-    let out = Command::new("bash")
-        .arg(repo().join("deploy/make-leaf-secret.sh"))
-        .args([
-            "--leaf-context",
-            LEAF,
-            "--name",
-            LEAF,
-            "--root-context",
-            "root",
-        ])
-        .args(["--namespace", RELAYLET_NAMESPACE])
-        .arg("--token-file")
-        .arg(&token_file)
-        .env("KUBECONFIG", &kubeconfigs)
-        .env("KUBECTL", harness::kubectl_path())
-        .output()
-        .expect("make-leaf-secret.sh runs");
-    assert!(
-        out.status.success(),
-        "make-leaf-secret.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    // relaylet's env from the rendered chart; what the downward API and the pod network give
-    // a pod is given here, and its ports are free loopback ports.
-    let mut env = chart_env();
-    env.insert("LEAF_NODE_IP".into(), "127.0.0.1".into());
-    env.insert("POD_NAME".into(), "relaylet-0".into());
-    env.insert("POD_NAMESPACE".into(), RELAYLET_NAMESPACE.into());
-    env.insert("NODE_SERVER_PORT".into(), harness::free_port().to_string());
-    env.insert(
-        "METRICS_ADDR".into(),
-        format!("127.0.0.1:{}", harness::free_port()),
-    );
-    let config = relaylet::config::Config::from_lookup(|name| env.get(name).cloned())
-        .expect("the chart's env is a valid configuration");
-    // relaylet's root identity: the chart's ServiceAccount.
-    let sa_token = root.kubectl_ok(&[
-        "create",
-        "token",
-        "relaylet",
-        "-n",
-        RELAYLET_NAMESPACE,
-        "--duration=24h",
-    ]);
-    let root_kubeconfig = token_kubeconfig(&root, sa_token.trim());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let relaylet = runtime.block_on(async {
-        let client = relaylet::sandbox::kube_client(&root_kubeconfig)
-            .await
-            .expect("root client");
-        relaylet::start(config, client, relaylet::shutdown::Shutdown::default())
-            .await
-            .expect("relaylet starts")
-    });
-
-    let world = World {
-        root,
-        leaf,
-        relaylet,
-        _runtime: runtime,
-        _dir: dir,
-    };
-    world.wait_for_node_ready();
-    world.sync_pod("default", "demo");
-    world
-}
-
-/// `helm template` of the chart with its default values, release relaylet in namespace relaylet.
-fn helm_template(extra: &[&str]) -> String {
-    let helm = relaylet_sim::tools::helm().expect("helm: run tests/tools/install.sh");
-    let out = Command::new(helm)
-        .args(["template", "relaylet"])
-        .arg(repo().join("charts/relaylet"))
-        .args(["--namespace", RELAYLET_NAMESPACE])
-        .args(extra)
-        .output()
-        .expect("helm runs");
-    assert!(
-        out.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("helm output")
-}
-
-/// The literal env values of the rendered chart's relaylet container.
-fn chart_env() -> BTreeMap<String, String> {
-    let yaml = helm_template(&["--show-only", "templates/deployment.yaml"]);
-    let deployment: k8s_openapi::api::apps::v1::Deployment =
-        serde_saphyr::from_str(&yaml).expect("the rendered Deployment");
-    deployment
-        .spec
-        .and_then(|s| s.template.spec)
-        .map(|s| s.containers)
-        .unwrap_or_default()
-        .into_iter()
-        .flat_map(|c| c.env.unwrap_or_default())
-        .filter_map(|e| Some((e.name, e.value?)))
-        .collect()
-}
-
-/// A kubeconfig for the root with a bearer token.
-fn token_kubeconfig(root: &ControlPlane, token: &str) -> String {
-    use base64::Engine;
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: root\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: root\n  context:\n    cluster: root\n    user: sa\ncurrent-context: root\n",
-        root.url,
-        base64::engine::general_purpose::STANDARD.encode(root.ca.cert_pem())
-    )
-}
-
-impl World {
-    fn wait_for_node_ready(&self) {
-        for _ in 0..600 {
-            let out = Command::new(harness::kubectl_path())
-                .args([
-                    "get",
-                    "node",
-                    VIRTUAL_NODE,
-                    "-o",
-                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-                ])
-                .env("KUBECONFIG", &self.root.admin_kubeconfig)
-                .output()
-                .expect("kubectl");
-            if String::from_utf8_lossy(&out.stdout) == "True" {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("virtual node {VIRTUAL_NODE} never became Ready in the real root");
-    }
-
-    /// What a syncer does: the root pod on the virtual node, then its leaf copy on the leaf
-    /// node marked with the root pod's UID. The container serves HTTP on port 8080 (its local
-    /// port in PORT_8080) and logs a line a second.
-    fn sync_pod(&self, namespace: &str, name: &str) {
-        let app = "import http.server, os, sys, time, threading\n\
-class H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        body = b'hello from ' + os.environ.get('POD', '?').encode() + b'\\n'\n        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)\n    def log_message(self, *a): pass\n\
-s = http.server.ThreadingHTTPServer(('127.0.0.1', int(os.environ.get('PORT_8080', '0'))), H)\n\
-threading.Thread(target=s.serve_forever, daemon=True).start()\n\
-n = 0\nwhile True:\n    print('tick %d' % n, flush=True); n += 1; time.sleep(1)\n";
-        let manifest = |node: &str, annotations: serde_json::Value| {
-            serde_json::json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-                "spec": {
-                    "nodeName": node,
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [{
-                        "name": "main", "image": "local/python:3",
-                        "command": ["python3", "-u", "-c", app],
-                        "env": [{"name": "POD", "value": format!("{namespace}/{name}")}],
-                        "ports": [{"containerPort": 8080}],
-                        "stdin": true,
-                    }],
-                },
-            })
-            .to_string()
-        };
-        self.root.kubectl_stdin_ok(
-            &["create", "-f", "-"],
-            Some(&manifest(VIRTUAL_NODE, serde_json::json!({}))),
-        );
-        let uid = self.root.kubectl_ok(&[
-            "get",
-            "pod",
-            name,
-            "-n",
-            namespace,
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ]);
-        self.leaf.kubectl_stdin_ok(
-            &["create", "-f", "-"],
-            Some(&manifest(
-                LEAF_NODE,
-                serde_json::json!({"relaylet.io/root-pod-uid": uid.trim()}),
-            )),
-        );
-        // Running in the leaf once its first line is logged; then the syncer copies the leaf
-        // pod's status up to the root pod (kubectl port-forward wants a Running pod).
-        self.wait_for_log_lines(namespace, name, 1);
-        let status = self.leaf.kubectl_ok(&[
-            "get",
-            "pod",
-            name,
-            "-n",
-            namespace,
-            "-o",
-            "jsonpath={.status}",
-        ]);
-        let patch = format!("{{\"status\":{status}}}");
-        self.root.kubectl_ok(&[
-            "patch",
-            "pod",
-            name,
-            "-n",
-            namespace,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &patch,
-        ]);
-    }
-
-    /// Waits until leaf pod `namespace/name` has logged at least `lines` lines.
-    fn wait_for_log_lines(&self, namespace: &str, name: &str, lines: usize) {
-        for _ in 0..300 {
-            let out = Command::new(harness::kubectl_path())
-                .args(["logs", name, "-n", namespace])
-                .env("KUBECONFIG", &self.leaf.admin_kubeconfig)
-                .output()
-                .expect("kubectl");
-            if String::from_utf8_lossy(&out.stdout).matches("tick").count() >= lines {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("leaf pod {namespace}/{name} never logged {lines} lines");
-    }
-
-    fn root_kubeconfig(&self) -> &Path {
-        &self.root.admin_kubeconfig
-    }
 }
 
 /// kubectl exec through the real root apiserver: argv, stdin, stdout, stderr and the exit
@@ -403,7 +111,7 @@ fn exec_of_a_missing_binary_fails_with_the_kubelets_error() {
 #[test]
 fn logs_with_options_and_errors() {
     let w = world();
-    w.wait_for_log_lines("default", "demo", 3);
+    w.wait_for_log_lines("leaf-1", "default", "demo", 3);
     for version in ["1.27", "1.35"] {
         let k = kubectl(version);
         let out = Run::new(&k, w.root_kubeconfig(), &["logs", "demo", "--tail=2"]).output();
@@ -472,16 +180,32 @@ fn port_forward_with_both_protocols() {
 }
 
 fn http_get(port: u16) -> std::io::Result<String> {
-    use std::io::{Read, Write};
+    use std::io::{BufRead, BufReader, Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    if out.is_empty() {
-        return Err(std::io::Error::other("empty answer"));
+    // HTTP/1.1 and Content-Length, as curl reads it: the answer's end is in the bytes, not in
+    // the remote's close (kubectl closes a forwarded connection only once the kubelet ends the
+    // stream pair).
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut reader = BufReader::new(s);
+    let mut head = String::new();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::other("answer ended in its headers"));
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().map_err(std::io::Error::other)?;
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
     }
-    Ok(out)
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    Ok(head + &String::from_utf8_lossy(&body))
 }
 
 /// The virtual Node and its Lease as the real apiserver validated and stored them, with the
@@ -496,7 +220,7 @@ fn the_real_apiserver_stores_the_virtual_node_and_lease() {
         )
         .expect("node json");
     assert_eq!(node["status"]["addresses"][0]["type"], "InternalDNS");
-    assert_eq!(node["status"]["addresses"][0]["address"], "127.0.0.1");
+    assert_eq!(node["status"]["addresses"][0]["address"], "127.0.0.2");
     assert_eq!(
         node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
             .as_u64()
@@ -544,7 +268,7 @@ fn get_nodes_proxy_is_not_enough_to_exec_on_relaylets_port() {
     let viewer = w.root.user_kubeconfig("viewer", &[]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let client = relaylet_client(w, &viewer).await;
+        let client = world::kubelet_client(w.kubelet_addr(0), &w.root.url, &viewer).await;
         let exec = http::Request::get("/exec/default/demo/main?command=true&output=1")
             .header("Connection", "Upgrade")
             .header("Upgrade", "websocket")
@@ -574,16 +298,201 @@ fn get_nodes_proxy_is_not_enough_to_exec_on_relaylets_port() {
     });
 }
 
-/// A kube client of relaylet's kubelet port with the credentials of `kubeconfig`.
-async fn relaylet_client(w: &World, kubeconfig: &Path) -> kube::Client {
-    let yaml = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
-    let yaml = yaml.replace(&w.root.url, &format!("https://{}", w.relaylet.addr));
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).expect("kubeconfig");
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+/// `kubectl exec -it` under a real PTY: the remote terminal has the PTY's size, and a resize
+/// reaches it (SPDY resize stream and WebSocket resize channel).
+#[test]
+fn exec_tty_gets_initial_size_and_resize() {
+    let w = world();
+    for (version, spdy) in [
+        ("1.27", false),
+        ("1.33", false),
+        ("1.35", false),
+        ("1.35", true),
+    ] {
+        let k = kubectl(version);
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", support::PTY_DRIVER])
+            .arg(&k.path)
+            .args(["exec", "-it", "demo", "--", "sh", "-c"])
+            .arg("stty size; read x; stty size; exit 5")
+            .env("KUBECONFIG", w.root_kubeconfig())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if spdy {
+            cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
+        }
+        let out = cmd.output().expect("python3 pty driver runs");
+        let got = text(&out.stdout);
+        let what = format!(
+            "kubectl {version} spdy={spdy}: {got:?} {}",
+            text(&out.stderr)
+        );
+        assert!(got.contains("40 100"), "initial size: {what}");
+        assert!(got.contains("50 132"), "resized: {what}");
+        assert_eq!(out.status.code(), Some(5), "{what}");
+    }
+}
+
+/// `kubectl attach -i`: stdin reaches the container's main process and its output streams back.
+#[test]
+fn attach_sends_stdin_to_the_main_process_and_streams_its_output() {
+    use std::io::{BufRead, BufReader, Write};
+    let w = world();
+    for (version, spdy) in [("1.27", false), ("1.35", false), ("1.35", true)] {
+        let k = kubectl(version);
+        let marker = format!("attach-{version}-{spdy}");
+        let mut run = Run::new(&k, w.root_kubeconfig(), &["attach", "-i", "attached"]);
+        if spdy {
+            run = run.spdy_only();
+        }
+        let mut child = run
+            .command()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl attach");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        // The main process ticks every second: the first tick seen means attach is live, so
+        // the marker sent after it reaches the process.
+        let mut seen = Vec::new();
+        let mut sent = false;
+        for line in stdout.lines().map_while(Result::ok) {
+            if !sent && line.starts_with("tick ") {
+                writeln!(stdin, "{marker}").expect("attach stdin");
+                stdin.flush().expect("flush");
+                sent = true;
+            }
+            let done = line == format!("got {marker}");
+            seen.push(line);
+            if done {
+                break;
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            seen.last() == Some(&format!("got {marker}")),
+            "kubectl {version} spdy={spdy}: {seen:?}"
+        );
+    }
+}
+
+/// Each leaf's pods are reached through their own virtual node.
+#[test]
+fn pods_of_both_leaves_are_reached() {
+    let w = world();
+    let k = kubectl("1.35");
+    for (pod, expected) in [("demo", "default/demo"), ("other", "default/other")] {
+        let out = Run::new(
+            &k,
+            w.root_kubeconfig(),
+            &["exec", pod, "--", "sh", "-c", "echo $POD"],
+        )
+        .output();
+        assert!(out.status.success(), "{}", describe(&k, &out));
+        assert_eq!(text(&out.stdout).trim(), expected, "{}", describe(&k, &out));
+    }
+    let nodes = w.root.kubectl_ok(&["get", "nodes", "-o", "name"]);
+    assert!(
+        nodes.contains("node/relaylet-leaf-1") && nodes.contains("node/relaylet-leaf-2"),
+        "{nodes}"
+    );
+}
+
+/// A root pod whose same-named leaf pod was not made for it (no marker with its UID) is refused
+/// through the real apiserver, and nothing runs in the leaf pod.
+#[test]
+fn a_leaf_pod_that_is_not_the_counterpart_is_refused() {
+    let w = world();
+    let leaf = w.leaf("leaf-2");
+    leaf.kubectl_stdin_ok(
+        &["create", "-f", "-"],
+        Some(&world::demo_pod(
+            "default",
+            "impostor",
+            &world::leaf_node("leaf-2"),
+            None,
+        )),
+    );
+    w.root.kubectl_stdin_ok(
+        &["create", "-f", "-"],
+        Some(&world::demo_pod(
+            "default",
+            "impostor",
+            &world::virtual_node("leaf-2"),
+            None,
+        )),
+    );
+    w.wait_for_log_lines("leaf-2", "default", "impostor", 1);
+    let k = kubectl("1.35");
+    let out = Run::new(
+        &k,
+        w.root_kubeconfig(),
+        &["exec", "impostor", "--", "touch", "pwned"],
+    )
+    .output();
+    assert!(!out.status.success(), "{}", describe(&k, &out));
+    assert!(
+        text(&out.stderr).contains("is not the counterpart of root pod default/impostor"),
+        "{}",
+        describe(&k, &out)
+    );
+    let out = Run::new(&k, w.root_kubeconfig(), &["logs", "impostor"]).output();
+    assert!(!out.status.success(), "{}", describe(&k, &out));
+    assert!(
+        !text(&out.stdout).contains("tick"),
+        "{}",
+        describe(&k, &out)
+    );
+}
+
+/// kube-rs exec (WebSocket, as library users call it) through the real root apiserver.
+#[test]
+fn kube_rs_exec_through_the_real_root() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::AttachParams;
+    use tokio::io::AsyncReadExt;
+    let w = world();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let client = relaylet::sandbox::kube_client(
+            &std::fs::read_to_string(w.root_kubeconfig()).expect("kubeconfig"),
+        )
         .await
-        .expect("config");
-    // relaylet's certificate is self-signed (servingCert.mode=generate).
-    config.accept_invalid_certs = true;
-    config.default_retry = false;
-    kube::Client::try_from(config).expect("client")
+        .expect("client");
+        let pods: kube::Api<Pod> = kube::Api::namespaced(client, "default");
+        let mut process = pods
+            .exec(
+                "demo",
+                vec!["sh", "-c", "echo via-kube-rs; echo oops >&2; exit 4"],
+                &AttachParams::default().stdout(true).stderr(true),
+            )
+            .await
+            .expect("exec");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut stdout = process.stdout().expect("stdout");
+        let mut stderr = process.stderr().expect("stderr");
+        let status = process.take_status().expect("status");
+        let (a, b) = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+        a.expect("stdout");
+        b.expect("stderr");
+        let status = status.await.expect("a status");
+        process.join().await.expect("join");
+        assert_eq!(
+            (out.as_slice(), err.as_slice()),
+            (&b"via-kube-rs\n"[..], &b"oops\n"[..])
+        );
+        assert_eq!(status.status.as_deref(), Some("Failure"), "{status:?}");
+        let code = status
+            .details
+            .and_then(|d| d.causes)
+            .and_then(|c| {
+                c.into_iter()
+                    .find(|c| c.reason.as_deref() == Some("ExitCode"))
+            })
+            .and_then(|c| c.message);
+        assert_eq!(code.as_deref(), Some("4"));
+    });
 }

@@ -500,6 +500,17 @@ impl ControlPlane {
         );
     }
 
+    /// Restarts kube-apiserver with another `--kubelet-preferred-address-types`.
+    pub fn restart_apiserver_with_address_order(&mut self, order: &str) {
+        self.stop_apiserver();
+        for arg in &mut self.apiserver_args {
+            if arg.starts_with("--kubelet-preferred-address-types=") {
+                *arg = format!("--kubelet-preferred-address-types={order}");
+            }
+        }
+        self.restart_apiserver();
+    }
+
     /// A kubeconfig for `user` in `groups` with a client certificate from this cluster's CA.
     pub fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> PathBuf {
         let id = self

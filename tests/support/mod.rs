@@ -230,3 +230,41 @@ pub fn describe(k: &Kubectl, out: &Output) -> String {
         text(&out.stderr)
     )
 }
+
+/// Runs the program in its arguments under a real PTY (python's pty module) sized 40x100; once
+/// the program prints "40 100" the PTY is resized to 50x132 and "go" is typed. Prints what the
+/// program printed and exits with its exit code. Proves a tty's initial size and a resize.
+pub const PTY_DRIVER: &str = r#"
+import fcntl, os, pty, select, struct, sys, termios, time
+def setsize(fd, rows, cols):
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+setsize(fd, 40, 100)
+out = b""
+resized = False
+deadline = time.time() + 40
+while time.time() < deadline:
+    r, _, _ = select.select([fd], [], [], 0.2)
+    if r:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    if not resized and b"40 100" in out:
+        setsize(fd, 50, 132)
+        time.sleep(0.5)
+        os.write(fd, b"go\r")
+        resized = True
+done, status = os.waitpid(pid, os.WNOHANG)
+if done == 0:
+    os.kill(pid, 9)
+    out += b"\n[pty driver: killed the program after 40 s]\n"
+    _, status = os.waitpid(pid, 0)
+sys.stdout.write(out.decode("utf-8", "replace"))
+sys.exit(os.waitstatus_to_exitcode(status))
+"#;

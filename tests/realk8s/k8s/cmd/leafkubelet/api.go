@@ -151,7 +151,18 @@ func (h *host) ExecInContainer(ctx context.Context, key string, uid types.UID, c
 }
 
 func runWithTTY(proc *exec.Cmd, in io.Reader, out io.Writer, resize <-chan remotecommand.TerminalSize) error {
-	terminal, err := pty.Start(proc)
+	// The client sends its terminal's size right after the streams are made; start the
+	// process with it, as runtimes start a container's process with the console size, so the
+	// first thing the process reads is the client's size.
+	var initial *pty.Winsize
+	select {
+	case size, ok := <-resize:
+		if ok {
+			initial = &pty.Winsize{Rows: size.Height, Cols: size.Width}
+		}
+	case <-time.After(2 * time.Second):
+	}
+	terminal, err := pty.StartWithSize(proc, initial)
 	if err != nil {
 		return err
 	}

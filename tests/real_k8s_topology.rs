@@ -1,0 +1,189 @@
+//! relaylet against real Kubernetes where the tests change the clusters themselves: the root
+//! apiserver's address order (kubeadm's, then upstream's default), a leader replica stopped
+//! (failover), a leaf apiserver stopped and restarted, and the idle timeout. relaylet runs two
+//! replicas advertising `InternalIP`, as a kubeadm cluster needs. The tests change shared
+//! state, so they take turns.
+
+#[path = "realk8s/harness.rs"]
+mod harness;
+mod support;
+#[path = "realk8s/world.rs"]
+mod world;
+
+use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
+
+use relaylet_sim::tools::Kubectl;
+use support::{Run, describe, text};
+use world::{Setup, World};
+
+const VIRTUAL_NODE: &str = "relaylet-leaf-1";
+const KUBEADM_ORDER: &str = "InternalIP,ExternalIP,Hostname";
+const UPSTREAM_DEFAULT_ORDER: &str = "Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP";
+
+fn world() -> MutexGuard<'static, World> {
+    static WORLD: LazyLock<Mutex<World>> = LazyLock::new(|| {
+        let w = World::start(Setup {
+            root_address_order: KUBEADM_ORDER,
+            preferred_address_type: Some("InternalIP"),
+            replicas: 2,
+            leaves: &["leaf-1"],
+            env: &[("STREAM_IDLE_TIMEOUT", "3s")],
+        });
+        w.sync_pod("leaf-1", "default", "demo");
+        Mutex::new(w)
+    });
+    WORLD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn kubectl(version: &str) -> Kubectl {
+    relaylet_sim::tools::kubectl(version)
+        .unwrap_or_else(|| panic!("kubectl {version} is not available: run tests/tools/install.sh"))
+}
+
+/// `kubectl exec demo -- echo <word>` with kubectl 1.35 succeeds and prints the word.
+fn assert_exec_works(w: &World, word: &str) {
+    let k = kubectl("1.35");
+    let out = Run::new(
+        &k,
+        w.root_kubeconfig(),
+        &["exec", "demo", "--", "echo", word],
+    )
+    .output();
+    assert!(out.status.success(), "{}", describe(&k, &out));
+    assert_eq!(
+        text(&out.stdout),
+        format!("{word}\n"),
+        "{}",
+        describe(&k, &out)
+    );
+}
+
+/// Waits until `check` holds, polling; panics naming `what`.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..600 {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{what}: never happened");
+}
+
+/// Under kubeadm's order the root dials the leader's InternalIP (relaylet's address comes
+/// first; the leaf node's InternalIP, where nothing of relaylet listens, second); under
+/// upstream's default order, which puts Hostname and InternalDNS first, relaylet's InternalIP
+/// still wins because no leaf address of those types is copied to the Node.
+#[test]
+fn the_root_dials_relaylet_under_kubeadms_and_upstreams_address_order() {
+    let mut w = world();
+    let leader = w.leader();
+    let leader_ip = w.replicas.lock().expect("replicas")[leader]
+        .as_ref()
+        .expect("leader runs")
+        .ip
+        .to_string();
+    eventually("the Node carries the leader's address", || {
+        w.node_address(VIRTUAL_NODE) == leader_ip
+    });
+    let node: serde_json::Value =
+        serde_json::from_str(
+            &w.root
+                .kubectl_ok(&["get", "node", VIRTUAL_NODE, "-o", "json"]),
+        )
+        .expect("node json");
+    let addresses = node["status"]["addresses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(addresses[0]["type"], "InternalIP", "{addresses:?}");
+    assert!(
+        addresses
+            .iter()
+            .all(|a| a["type"] != "Hostname" && a["type"] != "InternalDNS"),
+        "no leaf address may outrank relaylet's under the default order: {addresses:?}"
+    );
+    assert_exec_works(&w, "kubeadm-order");
+
+    w.root
+        .restart_apiserver_with_address_order(UPSTREAM_DEFAULT_ORDER);
+    assert_exec_works(&w, "upstream-default-order");
+    w.root.restart_apiserver_with_address_order(KUBEADM_ORDER);
+    assert_exec_works(&w, "kubeadm-order-again");
+}
+
+/// The leader stops as a rollout stops it: the other replica takes over, writes its own
+/// address into the Node, the Node stays Ready throughout, and exec goes to the new leader.
+#[test]
+fn failover_moves_the_node_to_the_new_leader_and_it_stays_ready() {
+    let w = world();
+    let old = w.leader();
+    assert_exec_works(&w, "before-failover");
+    w.stop_replica(old);
+    let new = w.leader();
+    assert_ne!(new, old);
+    let new_ip = w.replicas.lock().expect("replicas")[new]
+        .as_ref()
+        .expect("new leader runs")
+        .ip
+        .to_string();
+    eventually("the Node moves to the new leader's address", || {
+        assert_eq!(
+            w.node_ready(VIRTUAL_NODE),
+            "True",
+            "the Node left Ready during failover"
+        );
+        w.node_address(VIRTUAL_NODE) == new_ip
+    });
+    assert_exec_works(&w, "after-failover");
+    assert_eq!(w.node_ready(VIRTUAL_NODE), "True");
+    w.restart_replica(old);
+}
+
+/// A leaf apiserver that stops: exec fails with an error naming the leaf; once it is back,
+/// exec works again without restarting relaylet.
+#[test]
+fn a_leaf_apiserver_stopped_and_restarted() {
+    let mut w = world();
+    assert_exec_works(&w, "before-leaf-stop");
+    w.leaves.get_mut("leaf-1").expect("leaf-1").stop_apiserver();
+    let k = kubectl("1.35");
+    let out = Run::new(
+        &k,
+        w.root_kubeconfig(),
+        &["exec", "demo", "--", "echo", "x"],
+    )
+    .output();
+    assert!(!out.status.success(), "{}", describe(&k, &out));
+    assert!(
+        text(&out.stderr).contains("leaf-1"),
+        "{}",
+        describe(&k, &out)
+    );
+    w.leaves
+        .get_mut("leaf-1")
+        .expect("leaf-1")
+        .restart_apiserver();
+    eventually("exec works again once the leaf apiserver is back", || {
+        Run::new(&k, w.root_kubeconfig(), &["exec", "demo", "--", "true"])
+            .output()
+            .status
+            .success()
+    });
+    assert_exec_works(&w, "after-leaf-restart");
+}
+
+/// An exec that sends nothing for longer than STREAM_IDLE_TIMEOUT (3 s here) is cut, and
+/// WebSocket kubectl reports the cut as a failure.
+#[test]
+fn an_idle_exec_is_cut_and_fails() {
+    let w = world();
+    let k = kubectl("1.35");
+    let out = Run::new(
+        &k,
+        w.root_kubeconfig(),
+        &["exec", "demo", "--", "sleep", "60"],
+    )
+    .output();
+    assert!(!out.status.success(), "{}", describe(&k, &out));
+}

@@ -1,0 +1,472 @@
+//! relaylet installed into real clusters as a user installs it: the chart's ServiceAccount and
+//! RBAC applied to the real root apiserver (and relaylet's env taken from the rendered chart),
+//! each leaf reached through `deploy/leaf-rbac.yaml` and a Secret made by
+//! `deploy/make-leaf-secret.sh`. A [`Setup`] says how the root dials nodes, which address type
+//! relaylet advertises, how many replicas run and which leaves exist.
+//!
+//! Each replica gets its own loopback IP (127.0.0.2, .3, ...) as a pod gets its own IP, while
+//! the leaf kubelets listen on 127.0.0.1: a root apiserver that dialled a leaf address instead
+//! of relaylet's would find nothing there, so every passing exec also proves the address choice.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::harness::{self, ControlPlane, Options};
+
+pub const RELAYLET_NAMESPACE: &str = "relaylet";
+
+/// How the clusters and relaylet are set up.
+pub struct Setup {
+    /// The root apiserver's `--kubelet-preferred-address-types`.
+    pub root_address_order: &'static str,
+    /// relaylet's `PREFERRED-ADDRESS-TYPE` (the chart's default when `None`).
+    pub preferred_address_type: Option<&'static str>,
+    /// relaylet replicas (leader election decides which one writes the Nodes).
+    pub replicas: usize,
+    /// Leaf cluster names; leaf `x` has node `x-node` and virtual node `relaylet-x`.
+    pub leaves: &'static [&'static str],
+    /// Extra env for relaylet, over the chart's.
+    pub env: &'static [(&'static str, &'static str)],
+}
+
+/// One relaylet replica, running in this process.
+pub struct Replica {
+    pub ip: IpAddr,
+    pub running: relaylet::Running,
+    pub shutdown: relaylet::shutdown::Shutdown,
+}
+
+/// The clusters and relaylet.
+pub struct World {
+    pub root: ControlPlane,
+    pub leaves: BTreeMap<String, ControlPlane>,
+    /// Replicas by index; a stopped one is `None`.
+    pub replicas: Mutex<Vec<Option<Replica>>>,
+    root_kubeconfig: String,
+    config_env: BTreeMap<String, String>,
+    pub runtime: tokio::runtime::Runtime,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn virtual_node(leaf: &str) -> String {
+    format!("relaylet-{leaf}")
+}
+
+pub fn leaf_node(leaf: &str) -> String {
+    format!("{leaf}-node")
+}
+
+impl World {
+    pub fn start(setup: Setup) -> World {
+        let dir = tempfile::Builder::new()
+            .prefix("relaylet-real-k8s-")
+            .tempdir()
+            .expect("temp dir");
+        let root = ControlPlane::start(
+            dir.path(),
+            Options {
+                name: "root".into(),
+                preferred_address_types: setup.root_address_order.into(),
+                controller_manager: true,
+            },
+        );
+        // The root: relaylet's namespace, ServiceAccount and RBAC exactly as the chart renders.
+        root.kubectl_ok(&["create", "namespace", RELAYLET_NAMESPACE]);
+        let rendered = helm_template(&[
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+        ]);
+        root.kubectl_stdin_ok(&["apply", "-f", "-"], Some(&rendered));
+
+        let mut leaves = BTreeMap::new();
+        for name in setup.leaves {
+            let mut leaf = ControlPlane::start(
+                dir.path(),
+                Options {
+                    name: name.to_string(),
+                    preferred_address_types: "InternalIP,Hostname".into(),
+                    controller_manager: false,
+                },
+            );
+            leaf.add_kubelet(&leaf_node(name));
+            connect_leaf(dir.path(), &root, &leaf);
+            leaves.insert(name.to_string(), leaf);
+        }
+
+        // relaylet's env from the rendered chart; what the downward API gives a pod is given
+        // per replica, and all replicas share the kubelet port as pods do.
+        let mut config_env = chart_env();
+        if let Some(t) = setup.preferred_address_type {
+            config_env.insert("PREFERRED-ADDRESS-TYPE".into(), t.into());
+        }
+        config_env.insert("POD_NAMESPACE".into(), RELAYLET_NAMESPACE.into());
+        config_env.insert("NODE_SERVER_PORT".into(), harness::free_port().to_string());
+        for (k, v) in setup.env {
+            config_env.insert(k.to_string(), v.to_string());
+        }
+        // relaylet's root identity: the chart's ServiceAccount.
+        let sa_token = root.kubectl_ok(&[
+            "create",
+            "token",
+            "relaylet",
+            "-n",
+            RELAYLET_NAMESPACE,
+            "--duration=24h",
+        ]);
+        let root_kubeconfig = token_kubeconfig(&root, sa_token.trim());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let world = World {
+            root,
+            leaves,
+            replicas: Mutex::new(Vec::new()),
+            root_kubeconfig,
+            config_env,
+            runtime,
+            dir,
+        };
+        for i in 0..setup.replicas {
+            let replica = world.start_replica(i);
+            world.replicas.lock().expect("replicas").push(Some(replica));
+        }
+        for leaf in setup.leaves {
+            world.wait_for_node_ready(&virtual_node(leaf));
+        }
+        world
+    }
+
+    /// Starts replica `i` on 127.0.0.{i+2}.
+    fn start_replica(&self, i: usize) -> Replica {
+        let ip: IpAddr = format!("127.0.0.{}", i + 2).parse().expect("ip");
+        let mut env = self.config_env.clone();
+        env.insert("LEAF_NODE_IP".into(), ip.to_string());
+        env.insert("POD_NAME".into(), format!("relaylet-{i}"));
+        env.insert(
+            "METRICS_ADDR".into(),
+            format!("{ip}:{}", harness::free_port()),
+        );
+        let config = relaylet::config::Config::from_lookup(|name| env.get(name).cloned())
+            .expect("the chart's env is a valid configuration");
+        let shutdown = relaylet::shutdown::Shutdown::default();
+        let running = self.runtime.block_on(async {
+            let client = relaylet::sandbox::kube_client(&self.root_kubeconfig)
+                .await
+                .expect("root client");
+            relaylet::start(config, client, shutdown.clone())
+                .await
+                .expect("relaylet starts")
+        });
+        Replica {
+            ip,
+            running,
+            shutdown,
+        }
+    }
+
+    /// Stops replica `i` as a rollout does (SIGTERM: stop accepting, give up leadership).
+    pub fn stop_replica(&self, i: usize) {
+        let replica = self.replicas.lock().expect("replicas")[i].take();
+        if let Some(r) = replica {
+            r.shutdown.begin.cancel();
+            r.shutdown.sessions.cancel();
+            let _ = self.runtime.block_on(r.running.server);
+        }
+    }
+
+    /// Starts replica `i` again after [`stop_replica`].
+    pub fn restart_replica(&self, i: usize) {
+        let replica = self.start_replica(i);
+        self.replicas.lock().expect("replicas")[i] = Some(replica);
+    }
+
+    /// The index of the replica that leads, waiting for one.
+    pub fn leader(&self) -> usize {
+        for _ in 0..300 {
+            let replicas = self.replicas.lock().expect("replicas");
+            if let Some(i) = replicas
+                .iter()
+                .position(|r| r.as_ref().is_some_and(|r| r.running.leadership.is_leader()))
+            {
+                return i;
+            }
+            drop(replicas);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("no relaylet replica became leader");
+    }
+
+    /// The first address of `node` (the one relaylet makes the root dial).
+    pub fn node_address(&self, node: &str) -> String {
+        self.root
+            .kubectl_ok(&[
+                "get",
+                "node",
+                node,
+                "-o",
+                "jsonpath={.status.addresses[0].address}",
+            ])
+            .trim()
+            .to_string()
+    }
+
+    /// The status of `node`'s Ready condition.
+    pub fn node_ready(&self, node: &str) -> String {
+        let out = Command::new(harness::kubectl_path())
+            .args([
+                "get",
+                "node",
+                node,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ])
+            .env("KUBECONFIG", &self.root.admin_kubeconfig)
+            .output()
+            .expect("kubectl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn wait_for_node_ready(&self, node: &str) {
+        for _ in 0..600 {
+            if self.node_ready(node) == "True" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("virtual node {node} never became Ready in the real root");
+    }
+
+    pub fn leaf(&self, name: &str) -> &ControlPlane {
+        &self.leaves[name]
+    }
+
+    /// What a syncer does: the root pod on leaf `leaf`'s virtual node, then its leaf copy on
+    /// the leaf node marked with the root pod's UID, then the leaf pod's status copied up. The
+    /// container serves HTTP on port 8080 (its local port in PORT_8080), logs a line a second
+    /// and answers each line on its stdin with `got <line>`.
+    pub fn sync_pod(&self, leaf: &str, namespace: &str, name: &str) {
+        self.root.kubectl_stdin_ok(
+            &["create", "-f", "-"],
+            Some(&demo_pod(namespace, name, &virtual_node(leaf), None)),
+        );
+        let uid = self.root.kubectl_ok(&[
+            "get",
+            "pod",
+            name,
+            "-n",
+            namespace,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ]);
+        self.leaf(leaf).kubectl_stdin_ok(
+            &["create", "-f", "-"],
+            Some(&demo_pod(
+                namespace,
+                name,
+                &leaf_node(leaf),
+                Some(uid.trim()),
+            )),
+        );
+        // Running in the leaf once its first line is logged; kubectl port-forward wants the
+        // root pod Running too.
+        self.wait_for_log_lines(leaf, namespace, name, 1);
+        let status = self.leaf(leaf).kubectl_ok(&[
+            "get",
+            "pod",
+            name,
+            "-n",
+            namespace,
+            "-o",
+            "jsonpath={.status}",
+        ]);
+        self.root.kubectl_ok(&[
+            "patch",
+            "pod",
+            name,
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!("{{\"status\":{status}}}"),
+        ]);
+    }
+
+    /// Waits until leaf pod `namespace/name` has logged at least `lines` lines.
+    pub fn wait_for_log_lines(&self, leaf: &str, namespace: &str, name: &str, lines: usize) {
+        for _ in 0..300 {
+            let out = Command::new(harness::kubectl_path())
+                .args(["logs", name, "-n", namespace])
+                .env("KUBECONFIG", &self.leaf(leaf).admin_kubeconfig)
+                .output()
+                .expect("kubectl");
+            if String::from_utf8_lossy(&out.stdout).matches("tick").count() >= lines {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("leaf pod {namespace}/{name} never logged {lines} lines");
+    }
+
+    pub fn root_kubeconfig(&self) -> &Path {
+        &self.root.admin_kubeconfig
+    }
+
+    /// Where replica `i`'s kubelet API listens.
+    pub fn kubelet_addr(&self, i: usize) -> std::net::SocketAddr {
+        self.replicas.lock().expect("replicas")[i]
+            .as_ref()
+            .expect("replica running")
+            .running
+            .addr
+    }
+}
+
+/// The demo pod's manifest; `root_uid` marks a leaf copy.
+pub fn demo_pod(namespace: &str, name: &str, node: &str, root_uid: Option<&str>) -> String {
+    let app = "import http.server, os, sys, time, threading\n\
+class H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        body = b'hello from ' + os.environ.get('POD', '?').encode() + b'\\n'\n        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)\n    def log_message(self, *a): pass\n\
+s = http.server.ThreadingHTTPServer(('127.0.0.1', int(os.environ.get('PORT_8080', '0'))), H)\n\
+threading.Thread(target=s.serve_forever, daemon=True).start()\n\
+def echo():\n    for line in sys.stdin:\n        print('got ' + line.strip(), flush=True)\n\
+threading.Thread(target=echo, daemon=True).start()\n\
+n = 0\nwhile True:\n    print('tick %d' % n, flush=True); n += 1; time.sleep(1)\n";
+    let annotations = match root_uid {
+        Some(uid) => serde_json::json!({"relaylet.io/root-pod-uid": uid}),
+        None => serde_json::json!({}),
+    };
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{
+                "name": "main", "image": "local/python:3",
+                "command": ["python3", "-u", "-c", app],
+                "env": [{"name": "POD", "value": format!("{namespace}/{name}")}],
+                "ports": [{"containerPort": 8080}],
+                "stdin": true,
+            }],
+        },
+    })
+    .to_string()
+}
+
+/// Gives relaylet access to `leaf` as the README says: deploy/leaf-rbac.yaml in the leaf, a
+/// bounded token for its ServiceAccount, and the Secret deploy/make-leaf-secret.sh makes.
+fn connect_leaf(dir: &Path, root: &ControlPlane, leaf: &ControlPlane) {
+    leaf.kubectl_ok(&[
+        "apply",
+        "-f",
+        &repo().join("deploy/leaf-rbac.yaml").display().to_string(),
+    ]);
+    let token = leaf.kubectl_ok(&[
+        "create",
+        "token",
+        "relaylet-leaf",
+        "-n",
+        "relaylet",
+        "--duration=24h",
+    ]);
+    let token_file = dir.join(format!("{}-token", leaf.name));
+    std::fs::write(&token_file, token.trim()).expect("token file");
+    let kubeconfigs = format!(
+        "{}:{}",
+        root.admin_kubeconfig.display(),
+        leaf.admin_kubeconfig.display()
+    );
+    let out = Command::new("bash")
+        .arg(repo().join("deploy/make-leaf-secret.sh"))
+        .args(["--leaf-context", &leaf.name, "--name", &leaf.name])
+        .args(["--root-context", &root.name])
+        .args(["--namespace", RELAYLET_NAMESPACE])
+        .arg("--token-file")
+        .arg(&token_file)
+        .env("KUBECONFIG", &kubeconfigs)
+        .env("KUBECTL", harness::kubectl_path())
+        .output()
+        .expect("make-leaf-secret.sh runs");
+    assert!(
+        out.status.success(),
+        "make-leaf-secret.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `helm template` of the chart with its default values, release relaylet in namespace relaylet.
+pub fn helm_template(extra: &[&str]) -> String {
+    let helm = relaylet_sim::tools::helm().expect("helm: run tests/tools/install.sh");
+    let out = Command::new(helm)
+        .args(["template", "relaylet"])
+        .arg(repo().join("charts/relaylet"))
+        .args(["--namespace", RELAYLET_NAMESPACE])
+        .args(extra)
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("helm output")
+}
+
+/// The literal env values of the rendered chart's relaylet container.
+fn chart_env() -> BTreeMap<String, String> {
+    let yaml = helm_template(&["--show-only", "templates/deployment.yaml"]);
+    let deployment: k8s_openapi::api::apps::v1::Deployment =
+        serde_saphyr::from_str(&yaml).expect("the rendered Deployment");
+    deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|s| s.containers)
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|c| c.env.unwrap_or_default())
+        .filter_map(|e| Some((e.name, e.value?)))
+        .collect()
+}
+
+/// A kubeconfig for the root with a bearer token.
+fn token_kubeconfig(root: &ControlPlane, token: &str) -> String {
+    use base64::Engine;
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: root\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: root\n  context:\n    cluster: root\n    user: sa\ncurrent-context: root\n",
+        root.url,
+        base64::engine::general_purpose::STANDARD.encode(root.ca.cert_pem())
+    )
+}
+
+/// A kube client of a relaylet kubelet port at `addr` with the credentials of `kubeconfig`
+/// (whose server is `root_url`).
+pub async fn kubelet_client(
+    addr: std::net::SocketAddr,
+    root_url: &str,
+    kubeconfig: &Path,
+) -> kube::Client {
+    let yaml = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
+    let yaml = yaml.replace(root_url, &format!("https://{addr}"));
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).expect("kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    // relaylet's certificate is self-signed (servingCert.mode=generate).
+    config.accept_invalid_certs = true;
+    config.default_retry = false;
+    kube::Client::try_from(config).expect("client")
+}
