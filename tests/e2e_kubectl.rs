@@ -117,6 +117,24 @@ fn exec_output_stderr_split_and_exit_codes() {
     }
 }
 
+/// A binary that does not exist: the same words as the real apiserver and kubelet say them
+/// (tests/real_k8s.rs holds the same assertion).
+#[test]
+fn exec_of_a_missing_binary_fails_with_the_kubelets_error() {
+    let e = env(settings);
+    for (k, spdy) in variants() {
+        let out = run(
+            &k,
+            spdy,
+            &e.kubeconfig,
+            &["exec", "demo-1", "--", "no-such-binary"],
+        )
+        .output();
+        assert!(!out.status.success(), "{}", describe(&k, &out));
+        support::assert_missing_binary_error(&k, spdy, &out, "no-such-binary");
+    }
+}
+
 #[test]
 fn exec_stdin_reaches_the_process_and_eof_ends_it() {
     let e = env(settings);

@@ -40,6 +40,16 @@ fn world() -> &'static World {
     })
 }
 
+/// Every kubectl version with its default protocol, and the WebSocket-first ones with WebSockets
+/// off (SPDY), as the sim suite runs them.
+const VARIANTS: [(&str, bool); 5] = [
+    ("1.27", false),
+    ("1.33", false),
+    ("1.33", true),
+    ("1.35", false),
+    ("1.35", true),
+];
+
 fn kubectl(version: &str) -> Kubectl {
     relaylet_sim::tools::kubectl(version)
         .unwrap_or_else(|| panic!("kubectl {version} is not available: run tests/tools/install.sh"))
@@ -51,12 +61,7 @@ fn kubectl(version: &str) -> Kubectl {
 #[test]
 fn exec_argv_stdin_stderr_and_exit_codes_with_every_kubectl() {
     let w = world();
-    for (version, spdy) in [
-        ("1.27", false),
-        ("1.33", false),
-        ("1.35", false),
-        ("1.35", true),
-    ] {
+    for (version, spdy) in VARIANTS {
         let k = kubectl(version);
         let mut run = Run::new(
             &k,
@@ -88,23 +93,26 @@ fn exec_argv_stdin_stderr_and_exit_codes_with_every_kubectl() {
     }
 }
 
-/// A binary that does not exist: kubectl reports the runtime's error and fails.
+/// A binary that does not exist: kubectl reports the runtime's error and fails. With
+/// WebSockets the real apiserver's translator wraps the kubelet's InternalError in its own, so
+/// kubectl says "Internal error occurred:" twice; over SPDY once.
 #[test]
 fn exec_of_a_missing_binary_fails_with_the_kubelets_error() {
     let w = world();
-    let k = kubectl("1.35");
-    let out = Run::new(
-        &k,
-        w.root_kubeconfig(),
-        &["exec", "demo", "--", "no-such-binary"],
-    )
-    .output();
-    assert!(!out.status.success(), "{}", describe(&k, &out));
-    assert!(
-        text(&out.stderr).contains("no-such-binary"),
-        "{}",
-        describe(&k, &out)
-    );
+    for (version, spdy) in VARIANTS {
+        let k = kubectl(version);
+        let mut run = Run::new(
+            &k,
+            w.root_kubeconfig(),
+            &["exec", "demo", "--", "no-such-binary"],
+        );
+        if spdy {
+            run = run.spdy_only();
+        }
+        let out = run.output();
+        assert!(!out.status.success(), "{}", describe(&k, &out));
+        support::assert_missing_binary_error(&k, spdy, &out, "no-such-binary");
+    }
 }
 
 /// Logs with options through the real root apiserver, and the leaf's refusal as a message.
@@ -112,7 +120,7 @@ fn exec_of_a_missing_binary_fails_with_the_kubelets_error() {
 fn logs_with_options_and_errors() {
     let w = world();
     w.wait_for_log_lines("leaf-1", "default", "demo", 3);
-    for version in ["1.27", "1.35"] {
+    for version in ["1.27", "1.33", "1.35"] {
         let k = kubectl(version);
         let out = Run::new(&k, w.root_kubeconfig(), &["logs", "demo", "--tail=2"]).output();
         assert!(out.status.success(), "{}", describe(&k, &out));
@@ -143,7 +151,7 @@ fn logs_with_options_and_errors() {
 #[test]
 fn port_forward_with_both_protocols() {
     let w = world();
-    for version in ["1.27", "1.35"] {
+    for version in ["1.27", "1.33", "1.35"] {
         let k = kubectl(version);
         let local = harness::free_port();
         let mut child = Run::new(
@@ -303,12 +311,7 @@ fn get_nodes_proxy_is_not_enough_to_exec_on_relaylets_port() {
 #[test]
 fn exec_tty_gets_initial_size_and_resize() {
     let w = world();
-    for (version, spdy) in [
-        ("1.27", false),
-        ("1.33", false),
-        ("1.35", false),
-        ("1.35", true),
-    ] {
+    for (version, spdy) in VARIANTS {
         let k = kubectl(version);
         let mut cmd = std::process::Command::new("python3");
         cmd.args(["-c", support::PTY_DRIVER])
@@ -338,7 +341,7 @@ fn exec_tty_gets_initial_size_and_resize() {
 fn attach_sends_stdin_to_the_main_process_and_streams_its_output() {
     use std::io::{BufRead, BufReader, Write};
     let w = world();
-    for (version, spdy) in [("1.27", false), ("1.35", false), ("1.35", true)] {
+    for (version, spdy) in VARIANTS {
         let k = kubectl(version);
         let marker = format!("attach-{version}-{spdy}");
         let mut run = Run::new(&k, w.root_kubeconfig(), &["attach", "-i", "attached"]);

@@ -268,3 +268,22 @@ if done == 0:
 sys.stdout.write(out.decode("utf-8", "replace"))
 sys.exit(os.waitstatus_to_exitcode(status))
 "#;
+
+/// What kubectl prints for an exec of a missing binary, as the real kube-apiserver and kubelet
+/// make it: the kubelet's `error executing command in container: <runtime error>` as an
+/// InternalError; with WebSockets (kubectl 1.30+ by default) the apiserver's v5 translator wraps
+/// that in an InternalError of its own, so "Internal error occurred:" comes twice.
+pub fn assert_missing_binary_error(k: &Kubectl, spdy: bool, out: &Output, binary: &str) {
+    let stderr = text(&out.stderr);
+    let translated = k.websocket_first() && !spdy;
+    let prefix = if translated {
+        "error: Internal error occurred: Internal error occurred: error executing command in container: "
+    } else {
+        "error: Internal error occurred: error executing command in container: "
+    };
+    assert!(
+        stderr.starts_with(prefix) && stderr.contains(binary),
+        "expected {prefix:?}...{binary:?}: {}",
+        describe(k, out)
+    );
+}

@@ -11,6 +11,10 @@
 # Cache: $RELAYLET_K8S_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/relaylet/k8s. Nothing built
 # lands in the repository. A component that does not build stops this script with Go's error.
 set -euo pipefail
+command -v go >/dev/null || {
+  echo "build-k8s.sh: Go is needed to build the real Kubernetes components (go.dev/dl; this project's machines have Go 1.26)" >&2
+  exit 1
+}
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 src="$root/tests/realk8s"
 cache="${RELAYLET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/k8s}"
