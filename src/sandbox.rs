@@ -28,10 +28,14 @@ use crate::Running;
 use crate::config::Config;
 use crate::shutdown::Shutdown;
 
-/// The namespace relaylet runs in, in the root cluster.
-pub const RELAYLET_NAMESPACE: &str = "relaylet-system";
-/// relaylet's identity in the root cluster (its ServiceAccount in a real install).
-pub const RELAYLET_ROOT_USER: &str = "system:serviceaccount:relaylet-system:relaylet";
+/// The namespace relaylet runs in, in the root cluster: the one README's install and
+/// `deploy/relaylet.yaml` use.
+pub const RELAYLET_NAMESPACE: &str = "relaylet";
+/// relaylet's identity in the root cluster: the chart's ServiceAccount.
+pub const RELAYLET_ROOT_USER: &str = "system:serviceaccount:relaylet:relaylet";
+/// The chart rendered with its default values (`deploy/render.sh`; tests/chart.rs keeps it equal
+/// to the chart): the sandbox's root grants relaylet exactly the RBAC it holds.
+pub const ROOT_MANIFEST: &str = include_str!("../deploy/relaylet.yaml");
 /// relaylet's identity in each leaf cluster: the ServiceAccount `deploy/leaf-rbac.yaml` makes.
 pub const RELAYLET_LEAF_USER: &str = "system:serviceaccount:relaylet:relaylet-leaf";
 
@@ -135,7 +139,7 @@ impl Sandbox {
         ]
         .map(String::from)
         .to_vec();
-        let mut rules = root_rules();
+        let mut rules = root_rules()?;
         rules.extend(settings.root_rules.clone());
         root_options.policy = Policy::new(rules);
         root_options.tokens = settings.root_tokens.clone();
@@ -445,9 +449,12 @@ while True:
     }
 }
 
-/// What relaylet may do in the root cluster: the chart's ClusterRole and Role.
-fn root_rules() -> Vec<Rule> {
-    vec![
+/// What relaylet may do in the root cluster: the rules of every ClusterRole and Role in
+/// `deploy/relaylet.yaml` (all of them are bound to relaylet's ServiceAccount), each Role's
+/// only in its namespace, plus `system:masters` for the admin. Discovery is every
+/// authenticated user's, as upstream's bootstrap roles make it.
+fn root_rules() -> anyhow::Result<Vec<Rule>> {
+    let mut rules = vec![
         Rule::group("system:masters")
             .verbs(&["*"])
             .api_groups(&["*"])
@@ -455,48 +462,47 @@ fn root_rules() -> Vec<Rule> {
         Rule::group("system:masters")
             .verbs(&["*"])
             .non_resource_urls(&["*"]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&[
-                "get", "list", "watch", "create", "patch", "update", "delete",
-            ])
-            .api_groups(&[""])
-            .resources(&["nodes"]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["patch", "update"])
-            .api_groups(&[""])
-            .resources(&["nodes/status"]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["get", "list", "watch"])
-            .api_groups(&[""])
-            .resources(&["pods"]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["get", "create", "update", "patch", "delete"])
-            .api_groups(&["coordination.k8s.io"])
-            .resources(&["leases"])
-            .namespaces(&["kube-node-lease", RELAYLET_NAMESPACE]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["get", "list", "watch"])
-            .api_groups(&[""])
-            .resources(&["secrets"])
-            .namespaces(&[RELAYLET_NAMESPACE]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["get", "list", "watch"])
-            .api_groups(&[""])
-            .resources(&["configmaps"])
-            .names(&["extension-apiserver-authentication"])
-            .namespaces(&["kube-system"]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["create"])
-            .api_groups(&["authentication.k8s.io"])
-            .resources(&["tokenreviews"]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["create"])
-            .api_groups(&["authorization.k8s.io"])
-            .resources(&["subjectaccessreviews"]),
-        Rule::user(RELAYLET_ROOT_USER)
-            .verbs(&["get"])
-            .non_resource_urls(&["/api", "/api/*", "/apis", "/apis/*", "/version"]),
-    ]
+    ];
+    for document in ROOT_MANIFEST.split("\n---\n") {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(document).context("parsing deploy/relaylet.yaml")?;
+        let namespaces = match value["kind"].as_str() {
+            Some("ClusterRole") => Vec::new(),
+            Some("Role") => vec![
+                value["metadata"]["namespace"]
+                    .as_str()
+                    .context("a Role in deploy/relaylet.yaml without a namespace")?
+                    .to_string(),
+            ],
+            _ => continue,
+        };
+        // A Role and a ClusterRole hold rules the same way.
+        let role_rules: Vec<PolicyRule> = serde_json::from_value(value["rules"].clone())
+            .context("reading a role of deploy/relaylet.yaml")?;
+        rules.extend(
+            role_rules
+                .iter()
+                .map(|rule| Rule {
+                    namespaces: namespaces.clone(),
+                    ..rule_for(RELAYLET_ROOT_USER, rule)
+                }),
+        );
+    }
+    Ok(rules)
+}
+
+/// An RBAC PolicyRule as the stand-in's rule for `user`.
+fn rule_for(user: &str, rule: &PolicyRule) -> Rule {
+    let strs = |v: &Option<Vec<String>>| v.clone().unwrap_or_default();
+    Rule {
+        users: vec![user.to_string()],
+        verbs: rule.verbs.clone(),
+        api_groups: strs(&rule.api_groups),
+        resources: strs(&rule.resources),
+        names: strs(&rule.resource_names),
+        non_resource_urls: strs(&rule.non_resource_urls),
+        ..Rule::default()
+    }
 }
 
 /// The rules of the ClusterRole in `deploy/leaf-rbac.yaml`.
@@ -525,18 +531,7 @@ fn leaf_policy(rules: &[PolicyRule]) -> Policy {
             .verbs(&["*"])
             .non_resource_urls(&["*"]),
     ];
-    for rule in rules {
-        let strs = |v: &Option<Vec<String>>| v.clone().unwrap_or_default();
-        policy.push(Rule {
-            users: vec![RELAYLET_LEAF_USER.to_string()],
-            verbs: rule.verbs.clone(),
-            api_groups: strs(&rule.api_groups),
-            resources: strs(&rule.resources),
-            names: strs(&rule.resource_names),
-            non_resource_urls: strs(&rule.non_resource_urls),
-            ..Rule::default()
-        });
-    }
+    policy.extend(rules.iter().map(|rule| rule_for(RELAYLET_LEAF_USER, rule)));
     Policy::new(policy)
 }
 
