@@ -225,3 +225,246 @@ impl Election {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The election against an in-memory Lease endpoint that behaves like the apiserver's
+    //! (404 for a missing Lease, 409 for a create that loses or a stale resourceVersion), with
+    //! time paused: every wait below is virtual, and each step is an observed change of
+    //! leadership, not a guess about timing.
+
+    use std::sync::Arc;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use http::{Request, Response, StatusCode};
+    use http_body_util::BodyExt;
+    use k8s_openapi::jiff::ToSpan;
+    use kube::client::Body;
+
+    use super::*;
+
+    const NS: &str = "relaylet";
+    const NAME: &str = "relaylet-leader";
+
+    #[derive(Default)]
+    struct FakeLeases {
+        lease: Mutex<Option<Lease>>,
+        version: Mutex<u64>,
+        /// Every request fails with 500 while set.
+        down: AtomicBool,
+    }
+
+    impl FakeLeases {
+        fn holder(&self) -> Option<String> {
+            self.lease
+                .lock()
+                .unwrap()
+                .as_ref()
+                .and_then(|l| l.spec.as_ref()?.holder_identity.clone())
+        }
+
+        /// Writes the Lease as another party would (a replica elsewhere, with its own clock).
+        fn write(&self, spec: LeaseSpec) {
+            let mut version = self.version.lock().unwrap();
+            *version += 1;
+            *self.lease.lock().unwrap() = Some(Lease {
+                metadata: ObjectMeta {
+                    name: Some(NAME.into()),
+                    namespace: Some(NS.into()),
+                    resource_version: Some(version.to_string()),
+                    ..Default::default()
+                },
+                spec: Some(spec),
+            });
+        }
+
+        fn answer(&self, method: &http::Method, body: &[u8]) -> (StatusCode, Vec<u8>) {
+            if self.down.load(Ordering::SeqCst) {
+                return (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    status(500, "InternalError"),
+                );
+            }
+            let mut stored = self.lease.lock().unwrap();
+            let mut version = self.version.lock().unwrap();
+            match *method {
+                http::Method::GET => match stored.as_ref() {
+                    Some(l) => (StatusCode::OK, serde_json::to_vec(l).unwrap()),
+                    None => (StatusCode::NOT_FOUND, status(404, "NotFound")),
+                },
+                http::Method::POST | http::Method::PUT => {
+                    let mut lease: Lease = serde_json::from_slice(body).unwrap();
+                    let exists = stored.is_some();
+                    if *method == http::Method::POST && exists {
+                        return (StatusCode::CONFLICT, status(409, "AlreadyExists"));
+                    }
+                    if *method == http::Method::PUT
+                        && lease.metadata.resource_version.as_deref()
+                            != Some(version.to_string().as_str())
+                    {
+                        return (StatusCode::CONFLICT, status(409, "Conflict"));
+                    }
+                    *version += 1;
+                    lease.metadata.resource_version = Some(version.to_string());
+                    *stored = Some(lease.clone());
+                    (StatusCode::OK, serde_json::to_vec(&lease).unwrap())
+                }
+                _ => (
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    status(405, "MethodNotAllowed"),
+                ),
+            }
+        }
+    }
+
+    /// A Status as the apiserver words it (kube's `get_opt` reads the reason).
+    fn status(code: u16, reason: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": reason, "reason": reason, "code": code, "metadata": {},
+        }))
+        .unwrap()
+    }
+
+    fn client(leases: Arc<FakeLeases>) -> Client {
+        let service = tower::service_fn(move |req: Request<Body>| {
+            let leases = leases.clone();
+            async move {
+                let method = req.method().clone();
+                let body = req.into_body().collect().await?.to_bytes();
+                let (code, body) = leases.answer(&method, &body);
+                Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body))
+                    .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+            }
+        });
+        Client::new(service, NS)
+    }
+
+    fn candidate(leases: &Arc<FakeLeases>, identity: &str) -> (Leadership, CancellationToken) {
+        let stop = CancellationToken::new();
+        let leadership = elect(
+            client(leases.clone()),
+            NS,
+            NAME,
+            identity.into(),
+            stop.clone(),
+        );
+        (leadership, stop)
+    }
+
+    /// Waits (in virtual time) until `leadership` has the value `leading`.
+    /// Fails after a minute of virtual time rather than hanging.
+    async fn until(leadership: &mut Leadership, leading: bool) {
+        let wait = async {
+            while leadership.is_leader() != leading {
+                leadership.changed().await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(60), wait)
+            .await
+            .is_err()
+        {
+            panic!("leadership never became {leading}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn of_two_candidates_exactly_one_leads() {
+        let leases = Arc::new(FakeLeases::default());
+        let (mut a, _stop_a) = candidate(&leases, "a");
+        let (b, _stop_b) = candidate(&leases, "b");
+        until(&mut a, true).await;
+        // Many rounds later, still one leader, and it is the Lease's holder.
+        tokio::time::sleep(RETRY_PERIOD * 20).await;
+        assert!(a.is_leader() && !b.is_leader());
+        assert_eq!(leases.holder().as_deref(), Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_lease_is_taken_at_the_next_round() {
+        let leases = Arc::new(FakeLeases::default());
+        let (mut a, stop_a) = candidate(&leases, "a");
+        until(&mut a, true).await;
+        let (mut b, _stop_b) = candidate(&leases, "b");
+        tokio::time::sleep(RETRY_PERIOD * 2).await;
+        assert!(!b.is_leader());
+        let asked = Instant::now();
+        stop_a.cancel();
+        until(&mut b, true).await;
+        // Well before the Lease could have expired.
+        assert!(asked.elapsed() <= RETRY_PERIOD * 2, "{:?}", asked.elapsed());
+        assert!(!a.is_leader());
+        assert_eq!(leases.holder().as_deref(), Some("b"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_leaders_lease_is_taken_only_after_it_expires() {
+        let leases = Arc::new(FakeLeases::default());
+        let mut spec = LeaseSpec {
+            holder_identity: Some("dead".into()),
+            lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        };
+        leases.write(spec.clone());
+        let (mut b, _stop_b) = candidate(&leases, "b");
+        let started = Instant::now();
+        until(&mut b, true).await;
+        let waited = started.elapsed();
+        assert!(
+            waited > LEASE_DURATION && waited <= LEASE_DURATION + RETRY_PERIOD * 2,
+            "{waited:?}"
+        );
+        assert_eq!(leases.holder().as_deref(), Some("b"));
+        // The Lease records the change of holder.
+        spec = leases.lease.lock().unwrap().clone().unwrap().spec.unwrap();
+        assert_eq!(spec.lease_transitions, Some(1));
+    }
+
+    /// A live leader whose clock is an hour behind keeps its Lease: expiry is judged by when
+    /// this replica saw the Lease change, never by the timestamps written in it.
+    #[tokio::test(start_paused = true)]
+    async fn a_skewed_clock_does_not_make_a_live_leader_look_dead() {
+        let leases = Arc::new(FakeLeases::default());
+        let skewed = || LeaseSpec {
+            holder_identity: Some("skewed".into()),
+            lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
+            renew_time: Some(MicroTime(Timestamp::now() - 1.hour())),
+            ..Default::default()
+        };
+        leases.write(skewed());
+        let (b, _stop_b) = candidate(&leases, "b");
+        for _ in 0..30 {
+            tokio::time::sleep(RETRY_PERIOD).await;
+            leases.write(skewed());
+            assert!(!b.is_leader(), "took the Lease of a live leader");
+        }
+        assert_eq!(leases.holder().as_deref(), Some("skewed"));
+    }
+
+    /// A leader that cannot reach the apiserver steps down once the renew deadline has passed
+    /// since its last renewal, before its Lease can expire for anyone else.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_that_cannot_renew_steps_down_before_its_lease_expires() {
+        let leases = Arc::new(FakeLeases::default());
+        let (mut a, _stop_a) = candidate(&leases, "a");
+        until(&mut a, true).await;
+        tokio::time::sleep(RETRY_PERIOD / 2).await;
+        let cut = Instant::now();
+        leases.down.store(true, Ordering::SeqCst);
+        until(&mut a, false).await;
+        let stepped_down = cut.elapsed();
+        assert!(stepped_down <= RENEW_DEADLINE, "{stepped_down:?}");
+        assert!(stepped_down < LEASE_DURATION);
+        // Still leading through short outages: not before the last renewal is RENEW_DEADLINE
+        // minus a round old.
+        assert!(
+            stepped_down + RETRY_PERIOD * 2 > RENEW_DEADLINE,
+            "{stepped_down:?}"
+        );
+    }
+}

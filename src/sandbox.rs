@@ -479,14 +479,10 @@ fn root_rules() -> anyhow::Result<Vec<Rule>> {
         // A Role and a ClusterRole hold rules the same way.
         let role_rules: Vec<PolicyRule> = serde_json::from_value(value["rules"].clone())
             .context("reading a role of deploy/relaylet.yaml")?;
-        rules.extend(
-            role_rules
-                .iter()
-                .map(|rule| Rule {
-                    namespaces: namespaces.clone(),
-                    ..rule_for(RELAYLET_ROOT_USER, rule)
-                }),
-        );
+        rules.extend(role_rules.iter().map(|rule| Rule {
+            namespaces: namespaces.clone(),
+            ..rule_for(RELAYLET_ROOT_USER, rule)
+        }));
     }
     Ok(rules)
 }
