@@ -357,7 +357,7 @@ async fn leaf_from_secret(
     let yaml = std::str::from_utf8(&data.0)
         .map_err(|_| bad(format!("{KUBECONFIG_KEY:?} is not UTF-8")))?;
     let annotations = secret.metadata.annotations.clone().unwrap_or_default();
-    let overrides = crate::virtual_node::overrides(&annotations).map_err(bad)?;
+    let overrides = crate::node_overrides::overrides(&annotations).map_err(bad)?;
     let namespaces = match annotations.get(NAMESPACE_MAP_ANNOTATION) {
         None => NamespaceMap::default(),
         Some(text) => NamespaceMap::parse(text)

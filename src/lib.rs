@@ -17,6 +17,7 @@ pub mod leaf;
 pub mod limits;
 pub mod memory;
 pub mod metrics;
+pub mod node_overrides;
 pub mod node_ports;
 pub mod node_server;
 pub mod pod_index;

@@ -674,34 +674,3 @@ fn same_ignoring_heartbeats(a: &NodeStatus, b: &NodeStatus) -> bool {
     };
     strip(a) == strip(b)
 }
-
-/// Extra labels and taints a leaf Secret's annotations ask for.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Overrides {
-    pub labels: BTreeMap<String, String>,
-    /// `None` keeps the default taint.
-    pub taints: Option<Vec<Taint>>,
-}
-
-/// Reads [`Overrides`] from a leaf Secret's annotations.
-pub fn overrides(annotations: &BTreeMap<String, String>) -> Result<Overrides, String> {
-    let labels = match annotations.get(NODE_LABELS_ANNOTATION) {
-        Some(spec) => {
-            desired::parse_labels(spec).map_err(|e| format!("{NODE_LABELS_ANNOTATION}: {e}"))?
-        }
-        None => BTreeMap::new(),
-    };
-    let taints = match annotations.get(NODE_TAINTS_ANNOTATION) {
-        Some(spec) => Some(
-            desired::parse_taints(spec).map_err(|e| format!("{NODE_TAINTS_ANNOTATION}: {e}"))?,
-        ),
-        None => None,
-    };
-    Ok(Overrides { labels, taints })
-}
-
-/// Annotation on a leaf Secret adding Node labels (`key=value,...`).
-pub const NODE_LABELS_ANNOTATION: &str = "relaylet.io/node-labels";
-/// Annotation on a leaf Secret replacing the default taint (`key[=value]:Effect,...`; empty for
-/// none).
-pub const NODE_TAINTS_ANNOTATION: &str = "relaylet.io/node-taints";
