@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::counterpart::{LeafPodMatch, NamespaceMap};
+use crate::dns::check_dns_label;
 
 /// The label that marks a Secret as a leaf cluster's kubeconfig; its value is the leaf name.
 pub const DEFAULT_LEAF_SECRET_LABEL: &str = "relaylet.io/leaf-cluster";
@@ -513,24 +514,6 @@ pub fn parse_duration(v: &str) -> Result<Duration, String> {
             .ok_or_else(bad)?;
     }
     Ok(total)
-}
-
-/// A leaf name becomes part of a Node name and a label value: keep it a DNS-1123 label.
-pub fn check_dns_label(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} must be a DNS label: lowercase letters, digits and '-', at most 63 characters, starting and ending with a letter or digit"
-        ))
-    }
 }
 
 fn check_dns_subdomain_prefix(prefix: &str) -> Result<(), String> {

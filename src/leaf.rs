@@ -18,8 +18,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-use crate::config::{Config, check_dns_label};
+use crate::config::Config;
 use crate::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
+use crate::dns::check_dns_label;
 use crate::metrics::Metrics;
 use crate::warm_connector::{Sources, WarmConnector};
 

@@ -10,6 +10,8 @@ pub mod bench;
 pub mod client_ca;
 pub mod config;
 pub mod counterpart;
+pub mod counterpart_proof;
+pub mod dns;
 pub mod health;
 pub mod kubelet_request;
 pub mod leader;

@@ -22,7 +22,8 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use crate::auth::{Access, Authenticator};
-use crate::counterpart::{self, LeafPodMatch, RootPod};
+use crate::counterpart::LeafPodMatch;
+use crate::counterpart_proof::{self as counterpart, RootPod};
 use crate::kubelet_request::{KubeletRequest, RequestError};
 use crate::leaf::Registry;
 use crate::limits::Gate;

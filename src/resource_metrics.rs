@@ -25,7 +25,8 @@ use kube::{Api, Client};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::counterpart::{self, LeafPod, LeafPodMatch, RootPod};
+use crate::counterpart::LeafPodMatch;
+use crate::counterpart_proof::{self as counterpart, LeafPod, RootPod};
 use crate::leaf::{Leaf, Registry};
 use crate::virtual_node::quantity::Milli;
 
