@@ -23,6 +23,7 @@ pub mod api;
 pub mod auth;
 mod body;
 pub mod clock;
+mod defaults;
 pub mod discovery;
 pub mod failure;
 pub mod fieldset;

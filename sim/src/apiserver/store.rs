@@ -222,6 +222,10 @@ impl Store {
         };
         fields.insert("apiVersion".into(), json!(kind.api_version()));
         fields.insert("kind".into(), json!(kind.kind));
+        super::defaults::defaults(kind, &mut obj);
+        let Some(fields) = obj.as_object_mut() else {
+            return Err(Failure::bad_request("the object must be a JSON object"));
+        };
         let meta = fields
             .entry("metadata")
             .or_insert_with(|| Value::Object(Map::new()));

@@ -8,6 +8,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 use super::body::{content_type, decode, json_response, read_body};
+use super::defaults;
 use super::failure::Failure;
 use super::kinds::Kind;
 use super::managed;
@@ -142,19 +143,9 @@ pub(super) fn reconcile(kind: &Kind, subresource: &str, live: &Value, mut next: 
 /// What upstream's strategies do to every new object: defaulting, and for pods a status
 /// reset (the kubelet reports status later).
 fn prepare_for_create(kind: &Kind, body: &mut Value) {
-    defaults(kind, body);
+    defaults::defaults(kind, body);
     if kind.group.is_empty() && kind.kind == "Pod" {
         body["status"] = json!({ "phase": "Pending" });
-    }
-}
-
-/// Upstream's defaulting for the fields clients commonly leave out.
-pub(super) fn defaults(kind: &Kind, body: &mut Value) {
-    if kind.group.is_empty()
-        && kind.kind == "Secret"
-        && body.get("type").is_none_or(|t| t.as_str() == Some(""))
-    {
-        body["type"] = json!("Opaque");
     }
 }
 
@@ -243,7 +234,7 @@ pub(super) fn update(
     manager: &str,
 ) -> Result<Response, Failure> {
     let kind = target.kind;
-    defaults(kind, &mut body);
+    defaults::defaults(kind, &mut body);
     check_type(kind, &body)?;
     check_namespace(target, &body)?;
     let api_version = kind.api_version();
