@@ -65,13 +65,17 @@ impl Failure {
         .with_details(kind, name)
     }
 
-    /// 404 for a URL that names no served resource.
+    /// 404 for a URL that names no served resource. Upstream builds it with
+    /// `NewGenericServerResponse`, which always sets (empty) details: kubectl debug reads
+    /// `details.name` of this 404 without a nil check.
     pub fn no_route() -> Self {
-        Self::new(
+        let mut failure = Self::new(
             StatusCode::NOT_FOUND,
             "NotFound",
             "the server could not find the requested resource",
-        )
+        );
+        failure.details = Some(json!({}));
+        failure
     }
 
     pub fn already_exists(kind: &Kind, name: &str) -> Self {
