@@ -10,6 +10,7 @@ pub mod bench;
 pub mod client_ca;
 pub mod config;
 pub mod counterpart;
+pub mod frames;
 pub mod health;
 pub mod kubelet_request;
 pub mod leader;
