@@ -578,6 +578,10 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frames::proptests::{error_syn_stream, leaf_spdy_session, reads};
+    use crate::frames::{Protocol, StatusFormat};
+    use proptest::prelude::*;
+    use std::task::{Context, Poll};
 
     struct Nothing;
     impl Observe for Nothing {
@@ -637,5 +641,96 @@ mod tests {
         assert_eq!(received, sent);
         assert_eq!(counter.load(Ordering::Relaxed), sent.len() as u64);
         assert_eq!(total.get(), sent.len() as u64);
+    }
+
+    /// Yields `data` in reads of the given sizes, and has nothing ready every other time it
+    /// is asked, so both the waiting read and the top-up reads of `copy` are used.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        sizes: Vec<usize>,
+        reads: usize,
+        polls: usize,
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            self.polls += 1;
+            if self.polls.is_multiple_of(2) {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let size = self.sizes[self.reads % self.sizes.len()];
+            self.reads += 1;
+            let n = size.min(buf.remaining()).min(self.data.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.data[at..at + n]);
+            self.at += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Shows each chunk to the tracker and keeps a copy of everything it was shown.
+    struct Recording<O> {
+        inner: O,
+        seen: Vec<u8>,
+    }
+
+    impl<O: Observe> Observe for Recording<O> {
+        fn observe(&mut self, chunk: &[u8]) {
+            self.seen.extend_from_slice(chunk);
+            self.inner.observe(chunk);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Through `copy`, whatever the reads: every byte of a leaf's SPDY session arrives
+        /// unchanged and in order, and the tracker is shown each byte exactly once, so it ends
+        /// in the state of a tracker shown the whole session at once.
+        #[test]
+        fn copy_relays_every_byte_unchanged_and_shows_each_to_the_tracker_once(
+            (session, error) in leaf_spdy_session(),
+            sizes in reads(),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let protocol = Some(Protocol::Spdy { status: StatusFormat::Json });
+            let mut frames = Frames::new(protocol);
+            let mut whole = Frames::new(protocol);
+            for f in [&mut frames, &mut whole] {
+                f.split().0.observe(&error_syn_stream(error));
+            }
+            whole.leaf().observe(&session);
+            let mut out = Vec::new();
+            let mut recording = Recording { inner: frames.leaf(), seen: Vec::new() };
+            let mut reader = Trickle { data: session.clone(), at: 0, sizes, reads: 0, polls: 0 };
+            let counter = AtomicU64::new(0);
+            let total = Counter::default();
+            let last = AtomicU64::new(0);
+            let stopped = runtime.block_on(copy(
+                &mut reader,
+                &mut out,
+                Counted { session: &counter, total: &total },
+                Activity { last: &last, start: Instant::now() },
+                &mut recording,
+                pin!(std::future::pending()),
+                None,
+            ));
+            prop_assert!(matches!(stopped, Stopped::ReaderDone(None)), "{:?}", stopped);
+            prop_assert!(out == session, "relayed bytes differ");
+            prop_assert!(recording.seen == session, "the tracker was not shown each byte once");
+            drop(recording);
+            prop_assert_eq!(frames.leaf_finished(), whole.leaf_finished());
+            prop_assert!(frames.at_boundary());
+            prop_assert_eq!(frames.ending("x"), whole.ending("x"));
+        }
     }
 }

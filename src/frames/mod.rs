@@ -16,6 +16,8 @@
 //! kubelet resets its error stream at once).
 
 mod exit_status;
+#[cfg(test)]
+pub(crate) mod proptests;
 mod spdy;
 mod spdy_dictionary;
 mod spdy_headers;

@@ -239,7 +239,9 @@ impl LeafWebSocket {
         let taken = have - usize::from(self.have);
         match header_len(&head[..have]) {
             Some(need) if have == need => {
-                let mut walk = LeafWebSocket::new(self.base64);
+                // A copy, so the frame is judged in its message (a continuation is valid only
+                // inside one).
+                let mut walk = self.clone();
                 walk.head = head;
                 walk.have = have as u8;
                 walk.start_frame(need);
