@@ -401,8 +401,10 @@ where
 }
 
 /// At a shutdown cut: relays the rest of the leaf's frame in progress (and nothing more), so
-/// relaylet's ending starts at a frame boundary. False if the caller could not be written to;
-/// a leaf that does not complete its frame in time is left to the ending's filler.
+/// relaylet's ending starts at a frame boundary. False if the caller could not be written to
+/// in time; a leaf that does not complete its frame in time is left to the ending's filler.
+/// All of it within [`FINISH_FRAME`]: with the ending's [`WRITE_ENDING`], a cut session ends
+/// well inside the time shutdown waits for cut sessions (`shutdown::CUT_SETTLE`).
 async fn finish_frame<L>(
     leaf: &mut L,
     client_io: &mut tokio_rustls::server::TlsStream<TcpStream>,
@@ -424,7 +426,7 @@ where
         };
         let rest = frames.rest_of_frame(&buf[..n]);
         let chunk = &buf[..rest];
-        let written = tokio::time::timeout(WRITE_ENDING, async {
+        let written = tokio::time::timeout_at(deadline, async {
             client_io.write_all(chunk).await?;
             client_io.flush().await
         })
