@@ -752,3 +752,34 @@ proptest! {
         prop_assert_eq!(got, expected);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Anything at all.
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever bytes a peer sends, in whatever reads, no tracker panics, and asking for the
+    /// rest of a frame or an ending gives an answer.
+    #[test]
+    fn garbage_never_panics(
+        bytes in prop::collection::vec(any::<u8>(), 0..4096),
+        sizes in reads(),
+        base64 in any::<bool>(),
+        error in 0u32..8,
+    ) {
+        let mut client = ClientSpdy::new();
+        let mut leaf = LeafSpdy::new();
+        let mut ws = LeafWebSocket::new(base64);
+        in_reads(&bytes, &sizes, |at, chunk| {
+            let _ = client.observe(chunk);
+            leaf.observe(chunk, error);
+            ws.observe(chunk);
+            let rest = &bytes[at + chunk.len()..];
+            assert!(leaf.rest_of_frame(rest) <= rest.len());
+            assert!(ws.rest_of_frame(rest) <= rest.len());
+        });
+        let _ = leaf.ending(error, STATUS);
+        let _ = ws.ending(STATUS);
+    }
+}

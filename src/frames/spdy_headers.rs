@@ -51,7 +51,8 @@ impl HeaderBlocks {
                 if room == 0 {
                     return Err(BlockError::TooLarge);
                 }
-                self.block.reserve_exact(self.block.len().clamp(256, room));
+                self.block
+                    .reserve_exact(self.block.len().max(256).min(room));
             }
             let before_in = self.zlib.total_in();
             let before_out = self.zlib.total_out();
@@ -169,6 +170,22 @@ mod tests {
             }
             assert_eq!(found, [false, true, false], "pieces of {piece}");
         }
+    }
+
+    #[test]
+    fn a_zlib_bomb_stops_at_the_cap() {
+        use flate2::{Compress, Compression, FlushCompress};
+        let mut z = Compress::new(Compression::best(), true);
+        z.set_dictionary(&DICTIONARY).unwrap();
+        let mut plain = 1u32.to_be_bytes().to_vec();
+        plain.extend_from_slice(&(MAX_BLOCK as u32 * 4).to_be_bytes());
+        plain.extend(std::iter::repeat_n(b'a', MAX_BLOCK * 4));
+        let mut wire = Vec::with_capacity(64 * 1024);
+        z.compress_vec(&plain, &mut wire, FlushCompress::Sync)
+            .unwrap();
+        let mut rx = HeaderBlocks::new();
+        let fed = wire.chunks(7).try_for_each(|piece| rx.feed(piece));
+        assert_eq!(fed, Err(BlockError::TooLarge));
     }
 
     #[test]
