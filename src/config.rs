@@ -516,6 +516,31 @@ pub fn parse_duration(v: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// Writes a duration the way [`parse_duration`] reads it, shortest form: `4h`, `1h30m`, `2s`,
+/// `1.5s`, `500ms` (for messages users compare with their settings).
+pub fn format_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    let total = d.as_secs();
+    let (hours, minutes, seconds) = (total / 3600, total / 60 % 60, total % 60);
+    let millis = d.subsec_millis();
+    let mut out = String::new();
+    if hours > 0 {
+        out.push_str(&format!("{hours}h"));
+    }
+    if minutes > 0 {
+        out.push_str(&format!("{minutes}m"));
+    }
+    if millis > 0 {
+        let fraction = format!("{millis:03}");
+        out.push_str(&format!("{seconds}.{}s", fraction.trim_end_matches('0')));
+    } else if seconds > 0 {
+        out.push_str(&format!("{seconds}s"));
+    }
+    out
+}
+
 fn check_dns_subdomain_prefix(prefix: &str) -> Result<(), String> {
     let ok = prefix.len() <= 200
         && prefix
@@ -677,6 +702,15 @@ mod tests {
         for bad in ["", "4", "h", "4x", "-1s", "1h-"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should fail");
         }
+        for text in ["4h", "1h30m", "2s", "1.5s", "500ms", "1h0m", "90s", "1h1s"] {
+            let d = parse_duration(text).unwrap();
+            assert_eq!(parse_duration(&format_duration(d)).unwrap(), d, "{text}");
+        }
+        assert_eq!(format_duration(Duration::from_secs(4 * 3600)), "4h");
+        assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format_duration(Duration::from_millis(500)), "500ms");
     }
 
     #[test]

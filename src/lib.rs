@@ -12,6 +12,7 @@ pub mod config;
 pub mod counterpart;
 pub mod counterpart_proof;
 pub mod dns;
+pub mod frames;
 pub mod health;
 pub mod kubelet_request;
 pub mod leader;

@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::frames::{self, Frames};
 use crate::leaf::Leaf;
 use crate::limits::Permit;
 use crate::metrics::Metrics;
@@ -147,8 +148,22 @@ impl Relay {
                 answer = answer.header(name, value);
             }
         }
+        // What the leaf negotiated decides whether relaylet can end this session honestly
+        // (see `frames`).
+        let protocol = match frames::protocol(session.info().kind, leaf_resp.headers()) {
+            Ok(protocol) => Some(protocol),
+            Err(why) => {
+                tracing::debug!(
+                    parent: &session.info().span(),
+                    %why,
+                    "session not tracked: a cut will reset the caller's connection"
+                );
+                None
+            }
+        };
         let leaf_upgrade = hyper::upgrade::on(&mut leaf_resp);
         let relay = self.clone();
+        let leaf_name = leaf.name.clone();
         tokio::spawn(
             async move {
                 // The session counts against the caps until its splice ends.
@@ -185,14 +200,19 @@ impl Relay {
                 let outcome = splice::splice(
                     client,
                     TokioIo::new(leaf_io),
-                    relay.idle_timeout,
-                    relay.stop.clone(),
-                    &meter,
+                    splice::Options {
+                        idle: relay.idle_timeout,
+                        stop: relay.stop.clone(),
+                        meter: &meter,
+                        leaf_name: &leaf_name,
+                    },
+                    Frames::new(protocol),
                 )
                 .await;
                 let result = match outcome.end {
-                    End::LeafClosed => session::Result::Completed,
+                    End::Completed => session::Result::Completed,
                     End::ClientClosed => session::Result::ClientClosed,
+                    End::LeafLost => session::Result::LeafLost,
                     End::IdleTimeout => session::Result::IdleTimeout,
                     End::Shutdown => session::Result::Shutdown,
                 };

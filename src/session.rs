@@ -50,10 +50,14 @@ impl SessionInfo {
 /// How a session ended; the `result` label and log field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Result {
-    /// The leaf ended the stream (the command exited, the log ended).
+    /// The leaf ended the stream: it sent the command's exit status (exec, attach), or it
+    /// closed first (port-forward, logs, untracked protocols).
     Completed,
-    /// The caller went away first.
+    /// The caller went away before the leaf ended the stream.
     ClientClosed,
+    /// The leaf connection ended (closed or failed) before the leaf sent the exit status;
+    /// relaylet told the caller so on the error stream.
+    LeafLost,
     /// Nothing moved for `STREAM_IDLE_TIMEOUT`.
     IdleTimeout,
     /// Cut at the end of the shutdown grace period.
@@ -73,6 +77,7 @@ impl Result {
         match self {
             Result::Completed => "completed",
             Result::ClientClosed => "client_closed",
+            Result::LeafLost => "leaf_lost",
             Result::IdleTimeout => "idle_timeout",
             Result::Shutdown => "shutdown",
             Result::Rejected => "rejected",

@@ -1,6 +1,7 @@
 //! Shutdown signals: SIGTERM or Ctrl-C stop accepting at once (and give up leadership); open
-//! sessions get a grace period (`SHUTDOWN_GRACE_PERIOD`), then are cut with a TCP reset, so no
-//! client mistakes the cut for success (see `splice.rs` for why a clean close would lie).
+//! sessions get a grace period (`SHUTDOWN_GRACE_PERIOD`), then are cut, an exec or attach with
+//! `relaylet: shutting down` on its error stream, so no client mistakes the cut for success
+//! (see `splice.rs` and `frames` for why a plain close or reset would lie).
 //!
 //! [`OpenSessions`] counts the sessions still running, so the process can exit as soon as the
 //! last one ends instead of always waiting the whole grace period.
@@ -11,7 +12,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// How long cut sessions get to finish their reset and logging before the process moves on.
+/// How long cut sessions get to write their ending (or reset) and log before the process moves
+/// on. The splice bounds its ending well within it (`splice.rs`).
 const CUT_SETTLE: Duration = Duration::from_secs(2);
 
 /// The two stages of shutting down, and the sessions still open.

@@ -1,6 +1,8 @@
 //! Failures a user must understand: a cut relaylet makes itself (idle timeout) reads as an error,
-//! never as success, to a SPDY client that sends no pings; an unreachable leaf is a 502 naming
-//! the leaf; a pod whose virtual node lost its leaf is a 503 naming the node.
+//! never as success, to a SPDY client that sends no pings (relaylet's Failure Status on the
+//! error stream; `honest_endings.rs` has the same through the root apiserver with every
+//! kubectl); an unreachable leaf is a 502 naming the leaf; a pod whose virtual node lost its
+//! leaf is a 503 naming the node.
 
 mod support;
 
@@ -52,26 +54,23 @@ fn an_idle_cut_is_an_error_not_a_success() {
             "command=sh&command=-c&command=sleep+30%3B+echo+late&output=1",
         )
         .await;
-        let started = Instant::now();
         let mut status = Vec::new();
         let read =
             tokio::time::timeout(Duration::from_secs(20), error.read_to_end(&mut status)).await;
-        let cut_after = started.elapsed();
         let mut out = Vec::new();
         let _ = stdout.read_to_end(&mut out).await;
         // client-go's rule: an exit Status on the error stream, or a clean end of it (exit 0).
-        // A cut must be neither: the read fails (the connection was reset).
-        assert!(
-            matches!(read, Ok(Err(_))),
-            "the error stream must fail, not end cleanly: {read:?} with status {:?}",
-            String::from_utf8_lossy(&status)
-        );
-        assert!(status.is_empty(), "no Status was invented");
+        // relaylet's cut says why on the error stream, so it can never read as exit 0.
+        assert!(matches!(read, Ok(Ok(_))), "{read:?}");
+        let status: serde_json::Value = serde_json::from_slice(&status).unwrap_or_else(|err| {
+            panic!(
+                "a Status on the error stream: {err}: {:?}",
+                String::from_utf8_lossy(&status)
+            )
+        });
+        assert_eq!(status["status"], "Failure");
+        assert_eq!(status["message"], "relaylet: idle timeout after 2s");
         assert!(out.is_empty());
-        assert!(
-            cut_after >= Duration::from_millis(1500) && cut_after < Duration::from_secs(10),
-            "cut after {cut_after:?} for a 2 s idle timeout"
-        );
     });
 }
 

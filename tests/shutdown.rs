@@ -1,7 +1,7 @@
 //! Graceful shutdown with two replicas: when the leader begins shutting down (what SIGTERM does),
 //! it stops accepting, hands leadership over at once, lets an open exec finish within the grace
-//! period, and cuts (resets) a session that outlives it, so kubectl reports an error rather
-//! than success. The other replica then serves the virtual nodes.
+//! period, and cuts a session that outlives it with a Failure Status (`relaylet: shutting
+//! down`), so kubectl reports an error rather than success. The other replica then serves the virtual nodes.
 
 mod support;
 
@@ -191,6 +191,7 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
     let (code, out, err, _) = finish(long, GRACE + Duration::from_secs(10));
     let cut_after = term.elapsed();
     assert_ne!(code, Some(0), "a cut session is not a success: {out} {err}");
+    assert!(err.contains("relaylet: shutting down"), "{err}");
     assert!(!out.contains("too-late"));
     assert!(
         cut_after >= GRACE,

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod forwarder;
+pub mod ws_exec;
+
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::LazyLock;
@@ -136,6 +139,107 @@ pub fn kubectls() -> Vec<Kubectl> {
             })
         })
         .collect()
+}
+
+/// Every kubectl of [`kubectls`] with its default protocol, and the WebSocket-first ones also
+/// with WebSockets turned off (`true` = SPDY only): 1.27 SPDY, 1.33 and 1.35 both ways.
+pub fn kubectl_variants() -> Vec<(Kubectl, bool)> {
+    let mut out = Vec::new();
+    for k in kubectls() {
+        if k.websocket_first() {
+            out.push((k.clone(), false));
+        }
+        out.push((k, true));
+    }
+    out
+}
+
+/// A kubectl running in the background; its stdout is read line by line as it comes.
+pub struct Background {
+    pub what: String,
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    stdout_reader: std::thread::JoinHandle<()>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+/// How a background kubectl ended.
+#[derive(Debug)]
+pub struct Ended {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Background {
+    /// Starts `run` with stdin closed.
+    pub fn spawn(run: Run<'_>, what: impl Into<String>) -> Background {
+        use std::io::{BufRead, Read};
+        let mut cmd = run.command();
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl starts");
+        let out = child.stdout.take().expect("stdout");
+        let mut err = child.stderr.take().expect("stderr");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let collected = stdout.clone();
+        let stdout_reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(mut all) = collected.lock() {
+                    all.push_str(&line);
+                    all.push('\n');
+                }
+                let _ = tx.send(line);
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text);
+            text
+        });
+        Background {
+            what: what.into(),
+            child,
+            lines,
+            stdout,
+            stdout_reader,
+            stderr,
+        }
+    }
+
+    /// Waits up to `within` for the next stdout line.
+    pub fn next_line(&self, within: Duration) -> Option<String> {
+        self.lines.recv_timeout(within).ok()
+    }
+
+    /// Waits up to `within` for kubectl to exit (kills it after that and panics).
+    pub fn finish(mut self, within: Duration) -> Ended {
+        let deadline = std::time::Instant::now() + within;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("{}: kubectl still running after {within:?}", self.what);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = self.stderr.join().unwrap_or_default();
+        // The reader thread ends with the pipe, which closed with the process.
+        let _ = self.stdout_reader.join();
+        let stdout = self.stdout.lock().map(|s| s.clone()).unwrap_or_default();
+        Ended {
+            code: status.code(),
+            stdout,
+            stderr,
+        }
+    }
 }
 
 /// How to run one kubectl command.

@@ -502,7 +502,7 @@ where
         }
     }
     shared.closed.cancel();
-    // Everything still open was cut: readers see an error, pending opens fail.
+    // Everything still open was cut: readers see EOF (as with spdystream), pending opens fail.
     let entries: Vec<StreamEntry> = shared.streams().drain().map(|(_, e)| e).collect();
     for mut entry in entries {
         entry.state.end_remote(RemoteEnd::ConnectionLost);
