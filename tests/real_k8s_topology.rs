@@ -174,19 +174,89 @@ fn a_leaf_apiserver_stopped_and_restarted() {
 }
 
 /// An exec that sends nothing for longer than STREAM_IDLE_TIMEOUT (3 s here) is cut, and
-/// kubectl reports the cut as a failure. Through the real apiserver this fails today even with
-/// WebSocket kubectl (the apiserver translates v5 to SPDY towards relaylet, and client-go's
-/// SPDY executor reads the reset as a clean end); issue 16 makes it pass.
+/// kubectl, over SPDY and over WebSocket (which the apiserver translates to SPDY towards
+/// relaylet), prints relaylet's reason and fails.
 #[test]
-#[ignore = "issue 16: a cut session reads as success through the real apiserver"]
-fn an_idle_exec_is_cut_and_fails() {
+fn an_idle_exec_is_cut_and_fails_with_relaylets_reason() {
     let w = world();
-    let k = kubectl("1.35");
-    let out = Run::new(
-        &k,
-        w.root_kubeconfig(),
-        &["exec", "demo", "--", "sleep", "60"],
-    )
-    .output();
-    assert!(!out.status.success(), "{}", describe(&k, &out));
+    for (version, spdy) in [("1.27", false), ("1.35", false), ("1.35", true)] {
+        let k = kubectl(version);
+        let mut run = Run::new(
+            &k,
+            w.root_kubeconfig(),
+            &["exec", "demo", "--", "sleep", "60"],
+        );
+        if spdy {
+            run = run.spdy_only();
+        }
+        let out = run.output();
+        assert!(!out.status.success(), "{}", describe(&k, &out));
+        assert!(
+            text(&out.stderr).contains("relaylet: idle timeout after 3s"),
+            "{}",
+            describe(&k, &out)
+        );
+    }
+}
+
+/// The leaf apiserver dies in the middle of a session: kubectl prints that relaylet lost the
+/// leaf and fails, instead of exiting 0 as if the command had finished.
+#[test]
+fn a_session_whose_leaf_dies_fails_with_relaylets_reason() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut w = world();
+    for (version, spdy) in [("1.27", false), ("1.35", false), ("1.35", true)] {
+        let k = kubectl(version);
+        let mut run = Run::new(
+            &k,
+            w.root_kubeconfig(),
+            &[
+                "exec",
+                "demo",
+                "--",
+                "sh",
+                "-c",
+                "while true; do echo x; sleep 0.2; done",
+            ],
+        );
+        if spdy {
+            run = run.spdy_only();
+        }
+        let mut child = run
+            .command()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl exec");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("first line");
+        assert_eq!(line, "x\n", "kubectl {version} spdy={spdy}");
+        w.leaves.get_mut("leaf-1").expect("leaf-1").stop_apiserver();
+        std::thread::spawn(
+            move || while stdout.read_line(&mut String::new()).is_ok_and(|n| n > 0) {},
+        );
+        let out = child.wait_with_output().expect("kubectl ends");
+        w.leaves
+            .get_mut("leaf-1")
+            .expect("leaf-1")
+            .restart_apiserver();
+        assert!(
+            !out.status.success(),
+            "kubectl {version} spdy={spdy}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("relaylet: connection to leaf cluster leaf-1 lost"),
+            "kubectl {version} spdy={spdy}: {}",
+            text(&out.stderr)
+        );
+        eventually("exec works again once the leaf apiserver is back", || {
+            Run::new(&k, w.root_kubeconfig(), &["exec", "demo", "--", "true"])
+                .output()
+                .status
+                .success()
+        });
+    }
 }
