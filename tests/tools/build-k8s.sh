@@ -28,7 +28,7 @@ etcd_version="$(cd "$src/etcd" && go list -m -f '{{.Version}}' go.etcd.io/etcd/s
 # The upstream components are keyed by the pins alone, leafkubelet by its source as well, so
 # changing leafkubelet does not relink kube-apiserver.
 pins="$(cat "$src/k8s/go.mod" "$src/k8s/go.sum" "$src/etcd/go.mod" "$src/etcd/go.sum" | sha256sum | cut -c1-16)"
-ours="$(cat "$src/k8s/go.sum" $(find "$src" -name '*.go' | sort) | sha256sum | cut -c1-16)"
+ours="$({ cat "$src/k8s/go.sum"; find "$src" -name '*.go' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)"
 bin="$cache/$k8s_version-etcd-$etcd_version-$pins/bin"
 own="$cache/leafkubelet-$ours/bin"
 
