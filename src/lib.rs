@@ -11,6 +11,7 @@ pub mod client_ca;
 pub mod config;
 pub mod counterpart;
 pub mod counterpart_proof;
+pub mod crypto;
 pub mod dns;
 pub mod frames;
 pub mod health;

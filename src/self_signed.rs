@@ -15,7 +15,7 @@ use rustls::pki_types::PrivateKeyDer;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::tls::{TlsError, provider};
+use crate::crypto::{TlsError, provider};
 
 /// How long a self-signed certificate is valid.
 pub const LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);

@@ -12,31 +12,14 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use rustls::RootCertStore;
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
 use crate::config::{Config, ServingCert};
-
-/// Errors setting up TLS. Paths are named; key material never is.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("reading {path}: {message}")]
-    Read { path: PathBuf, message: String },
-    #[error("{0}")]
-    Rustls(#[from] rustls::Error),
-    #[error("generating a self-signed certificate: {0}")]
-    Generate(#[from] rcgen::Error),
-    #[error("client CA: {0}")]
-    ClientCa(String),
-}
-
-/// The crypto provider used everywhere (ring: no C toolchain beyond cc, no OpenSSL).
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
+use crate::crypto::TlsError;
+use crate::crypto::provider;
 
 /// Builds the node server's TLS settings. With `client_ca`, client certificates are verified
 /// against it when offered (callers without one may still use a bearer token).
