@@ -17,6 +17,8 @@ pub enum TlsError {
     Generate(#[from] rcgen::Error),
     #[error("client CA: {0}")]
     ClientCa(String),
+    #[error("SERVING_CERT_MODE=csr: the certificate is requested by serving_csr, not loaded")]
+    CsrNotStarted,
 }
 
 /// The crypto provider used everywhere (ring: no C toolchain beyond cc, no OpenSSL).

@@ -3,7 +3,8 @@
 //!
 //! - `/livez` and `/healthz`: the process serves HTTP (a restart would not help otherwise).
 //! - `/readyz`: the root apiserver answered the last probe, at least one leaf did (when any is
-//!   registered: a fresh install without leaves is ready), the serving certificate is loaded,
+//!   registered: a fresh install without leaves is ready), the serving certificate is loaded
+//!   (in `SERVING_CERT_MODE=csr`: issued and not expired; the reason names a pending CSR),
 //!   and shutdown has not begun. A replica that is not ready is taken out
 //!   of the Service but keeps relaying the sessions it has.
 //!
@@ -51,9 +52,13 @@ pub struct Health {
     pub metrics: Metrics,
     root_ok: AtomicBool,
     leaves_ok: Mutex<BTreeMap<String, bool>>,
-    certificates_loaded: AtomicBool,
+    /// Why no valid serving certificate is served (`None` until one is loaded).
+    certificate: Mutex<Option<CertificateCheck>>,
     stopping: CancellationToken,
 }
+
+/// Says why the serving certificate is not usable, or `None` when it is.
+pub type CertificateCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl Health {
     /// `stopping` fires when shutdown begins (readiness turns false at once).
@@ -62,14 +67,15 @@ impl Health {
             metrics,
             root_ok: AtomicBool::new(false),
             leaves_ok: Mutex::new(BTreeMap::new()),
-            certificates_loaded: AtomicBool::new(false),
+            certificate: Mutex::new(None),
             stopping,
         })
     }
 
-    /// Marks the serving certificate as loaded.
-    pub fn certificates_loaded(&self) {
-        self.certificates_loaded.store(true, Ordering::Relaxed);
+    /// Marks the serving certificate as loaded; `check` says from then on whether it is usable
+    /// (a CSR-issued one may still be pending, or have expired).
+    pub fn certificates_loaded(&self, check: CertificateCheck) {
+        *self.certificate.lock().unwrap_or_else(|e| e.into_inner()) = Some(check);
     }
 
     /// Why relaylet is not ready, or `None` when it is.
@@ -77,8 +83,18 @@ impl Health {
         if self.stopping.is_cancelled() {
             return Some("shutting down".to_string());
         }
-        if !self.certificates_loaded.load(Ordering::Relaxed) {
-            return Some("serving certificate not loaded".to_string());
+        let certificate = self
+            .certificate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match certificate {
+            None => return Some("serving certificate not loaded".to_string()),
+            Some(check) => {
+                if let Some(problem) = check() {
+                    return Some(problem);
+                }
+            }
         }
         if !self.root_ok.load(Ordering::Relaxed) {
             return Some("root apiserver unreachable".to_string());
@@ -224,7 +240,7 @@ mod tests {
         let stop = CancellationToken::new();
         let h = Health::new(Metrics::new(), stop.clone());
         assert!(h.not_ready().unwrap().contains("certificate"));
-        h.certificates_loaded();
+        h.certificates_loaded(Arc::new(|| None));
         assert!(h.not_ready().unwrap().contains("root"));
         h.root_ok.store(true, Ordering::Relaxed);
         assert_eq!(h.not_ready(), None, "no leaf registered yet is ready");

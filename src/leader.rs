@@ -43,6 +43,23 @@ impl Leadership {
         }
     }
 
+    /// The only replica (`LEADER_ELECT=false`), leading once `eligible` resolves.
+    pub fn once(eligible: impl std::future::Future<Output = ()> + Send + 'static) -> Leadership {
+        let (tx, rx) = watch::channel(false);
+        let tx = std::sync::Arc::new(tx);
+        tokio::spawn({
+            let tx = tx.clone();
+            async move {
+                eligible.await;
+                tx.send_replace(true);
+            }
+        });
+        Leadership {
+            is_leader: rx,
+            _fixed: Some(tx),
+        }
+    }
+
     pub fn is_leader(&self) -> bool {
         *self.is_leader.borrow()
     }
@@ -59,18 +76,25 @@ impl Leadership {
 }
 
 /// Runs an election on Lease `namespace/name` as `identity` until `stop` fires; then, if
-/// leading, releases the Lease at once so a successor need not wait for it to expire.
+/// leading, releases the Lease at once so a successor need not wait for it to expire. The
+/// replica stands only once `eligible` resolves (with a CSR-issued serving certificate: once
+/// it has one, so no leader ever advertises an address it cannot serve TLS on).
 pub fn elect(
     root: Client,
     namespace: &str,
     name: &str,
     identity: String,
+    eligible: impl std::future::Future<Output = ()> + Send + 'static,
     stop: CancellationToken,
 ) -> Leadership {
     let (tx, rx) = watch::channel(false);
     let api: Api<Lease> = Api::namespaced(root, namespace);
     let name = name.to_string();
     tokio::spawn(async move {
+        tokio::select! {
+            _ = eligible => {}
+            _ = stop.cancelled() => return,
+        }
         let mut election = Election {
             api,
             name,
@@ -345,15 +369,41 @@ mod tests {
     }
 
     fn candidate(leases: &Arc<FakeLeases>, identity: &str) -> (Leadership, CancellationToken) {
+        candidate_once(leases, identity, std::future::ready(()))
+    }
+
+    /// A candidate that stands only once `eligible` resolves.
+    fn candidate_once(
+        leases: &Arc<FakeLeases>,
+        identity: &str,
+        eligible: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> (Leadership, CancellationToken) {
         let stop = CancellationToken::new();
         let leadership = elect(
             client(leases.clone()),
             NS,
             NAME,
             identity.into(),
+            eligible,
             stop.clone(),
         );
         (leadership, stop)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_candidate_stands_only_once_eligible() {
+        let leases = Arc::new(FakeLeases::default());
+        let (eligible, became_eligible) = tokio::sync::oneshot::channel::<()>();
+        let (mut a, _stop_a) = candidate_once(&leases, "a", async move {
+            let _ = became_eligible.await;
+        });
+        // A free Lease, many rounds: a candidate without its certificate does not take it.
+        tokio::time::sleep(RETRY_PERIOD * 20).await;
+        assert!(!a.is_leader());
+        assert_eq!(leases.holder(), None);
+        let _ = eligible.send(());
+        until(&mut a, true).await;
+        assert_eq!(leases.holder().as_deref(), Some("a"));
     }
 
     /// Waits (in virtual time) until `leadership` has the value `leading`.

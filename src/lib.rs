@@ -12,6 +12,7 @@ pub mod config;
 pub mod counterpart;
 pub mod counterpart_proof;
 pub mod crypto;
+pub mod csr_approver;
 pub mod dns;
 pub mod frames;
 pub mod health;
@@ -30,6 +31,7 @@ pub mod resource_metrics;
 #[cfg(feature = "sim")]
 pub mod sandbox;
 pub mod self_signed;
+pub mod serving_csr;
 pub mod session;
 pub mod shutdown;
 pub mod splice;
@@ -45,7 +47,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use kube::Client;
 
-use crate::config::{AuthMode, Config};
+use rustls::server::ResolvesServerCert;
+
+use crate::config::{AuthMode, Config, ServingCert};
 use crate::leaf::Registry;
 use crate::shutdown::Shutdown;
 
@@ -76,7 +80,8 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     let registry = watch_leaves(&config, &root, &metrics, &shutdown).await?;
     let pods = pod_index::PodIndex::new(root.clone(), registry.clone());
     spawn_until(&shutdown, pods.clone().run());
-    let leadership = elect_leader(&config, &root, &metrics, &shutdown);
+    let csr = request_serving_certificate(&config, &root, &registry, &metrics, &shutdown);
+    let leadership = elect_leader(&config, &root, &metrics, &shutdown, csr.clone());
     spawn_until(
         &shutdown,
         health.clone().probe(root.clone(), registry.clone()),
@@ -97,6 +102,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     });
     spawn_until(&shutdown, controller.run());
     let parts = KubeletApi {
+        csr,
         config,
         root,
         registry: registry.clone(),
@@ -164,30 +170,83 @@ async fn watch_leaves(
     Ok(registry)
 }
 
+/// `SERVING_CERT_MODE=csr`: starts requesting (and renewing) the serving certificate from the
+/// root cluster's kubelet-serving signer, and the approver when enabled.
+fn request_serving_certificate(
+    config: &Config,
+    root: &Client,
+    registry: &Registry,
+    metrics: &metrics::Metrics,
+    shutdown: &Shutdown,
+) -> Option<Arc<serving_csr::CsrCert>> {
+    let ServingCert::Csr(settings) = config.serving_cert else {
+        return None;
+    };
+    let cert = serving_csr::CsrCert::new(settings.approver);
+    if settings.approver {
+        let namespace = config
+            .pod_namespace
+            .clone()
+            .unwrap_or_else(|| root.default_namespace().to_string());
+        spawn_until(
+            shutdown,
+            csr_approver::run(root.clone(), namespace, registry.clone(), metrics.clone()),
+        );
+    }
+    let subject = serving_csr::Subject {
+        name: config.replica_name(),
+        ip: config.leaf_node_ip,
+    };
+    let names = {
+        let registry = registry.clone();
+        move || {
+            registry
+                .snapshot()
+                .values()
+                .map(|leaf| leaf.node_name.clone())
+                .collect()
+        }
+    };
+    tokio::spawn(cert.clone().run(
+        root.clone(),
+        subject,
+        settings,
+        names,
+        metrics.clone(),
+        shutdown.begin.clone(),
+    ));
+    Some(cert)
+}
+
 /// Takes part in leader election (or leads alone with `LEADER_ELECT=false`), and keeps the
-/// leader gauge up to date.
+/// leader gauge up to date. With a CSR-issued certificate, only once it is issued.
 fn elect_leader(
     config: &Config,
     root: &Client,
     metrics: &metrics::Metrics,
     shutdown: &Shutdown,
+    csr: Option<Arc<serving_csr::CsrCert>>,
 ) -> leader::Leadership {
+    let eligible = async move {
+        if let Some(cert) = csr {
+            cert.ready().await;
+        }
+    };
     let leadership = if config.leader_elect {
         let namespace = config
             .pod_namespace
             .clone()
             .unwrap_or_else(|| root.default_namespace().to_string());
-        let identity = config
-            .pod_name
-            .clone()
-            .unwrap_or_else(|| format!("relaylet-{}", config.leaf_node_ip));
         leader::elect(
             root.clone(),
             &namespace,
             LEADER_LEASE,
-            identity,
+            config.replica_name(),
+            eligible,
             shutdown.begin.clone(),
         )
+    } else if matches!(config.serving_cert, ServingCert::Csr(_)) {
+        leader::Leadership::once(eligible)
     } else {
         leader::Leadership::always()
     };
@@ -212,6 +271,8 @@ fn elect_leader(
 
 /// What the kubelet API servers (the shared port and each virtual node's own) are built from.
 struct KubeletApi {
+    /// The CSR-issued serving certificate (`SERVING_CERT_MODE=csr`).
+    csr: Option<Arc<serving_csr::CsrCert>>,
     config: Arc<Config>,
     root: Client,
     registry: Registry,
@@ -234,8 +295,19 @@ impl KubeletApi {
             AuthMode::None => None,
             _ => Some(client_ca::start(&config, &self.root, shutdown.begin.clone()).await?),
         };
-        let tls = tls::server_config(&config, client_ca)?;
-        health.certificates_loaded();
+        let (certificate, check): (Arc<dyn ResolvesServerCert>, health::CertificateCheck) =
+            match &self.csr {
+                Some(csr) => {
+                    let csr = csr.clone();
+                    (
+                        csr.clone(),
+                        Arc::new(move || csr.problem(std::time::SystemTime::now())),
+                    )
+                }
+                None => (tls::certificate(&config)?, Arc::new(|| None)),
+            };
+        let tls = tls::server_config(certificate, client_ca)?;
+        health.certificates_loaded(check);
         let addr = SocketAddr::new(config.leaf_node_ip, config.node_server_port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await

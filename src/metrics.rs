@@ -57,6 +57,15 @@ pub struct Metrics {
     pub counterpart_refusals: Family<LeafConnectionLabels, Counter>,
     /// Rounds in which the leader looked for this install's Nodes whose leaf is gone.
     pub orphan_checks: Counter,
+    /// `SERVING_CERT_MODE=csr`: 1 while this replica's CSR waits for approval and signing.
+    pub serving_cert_pending: Gauge,
+    /// `SERVING_CERT_MODE=csr`: certificates issued to this replica (the first and renewals).
+    pub serving_cert_issued: Counter,
+    /// `SERVING_CERT_MODE=csr`: when the served certificate expires (Unix seconds).
+    pub serving_cert_expiry: Gauge,
+    /// The CSR approver's decisions on CSRs relaylet's identity made, by `decision`
+    /// (`approved`, `refused`).
+    pub csr_approver_decisions: Family<OneLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -143,8 +152,36 @@ impl Metrics {
             "Rounds in which the leader looked for this install's virtual Nodes whose leaf is gone",
             orphan_checks.clone(),
         );
+        let serving_cert_pending = Gauge::default();
+        registry.register(
+            "serving_certificate_csr_pending",
+            "1 while this replica's serving-certificate CSR waits for approval and signing (SERVING_CERT_MODE=csr)",
+            serving_cert_pending.clone(),
+        );
+        let serving_cert_issued = Counter::default();
+        registry.register(
+            "serving_certificates_issued",
+            "Serving certificates issued to this replica by kubernetes.io/kubelet-serving, the first and each renewal",
+            serving_cert_issued.clone(),
+        );
+        let serving_cert_expiry = Gauge::default();
+        registry.register(
+            "serving_certificate_expiration_timestamp_seconds",
+            "When the CSR-issued serving certificate expires, in Unix seconds (alert when it comes near)",
+            serving_cert_expiry.clone(),
+        );
+        let csr_approver_decisions = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "csr_approver_decisions",
+            "The CSR approver's decisions on kubelet-serving CSRs made by relaylet's identity, by decision (approved, refused)",
+            csr_approver_decisions.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
+            serving_cert_pending,
+            serving_cert_issued,
+            serving_cert_expiry,
+            csr_approver_decisions,
             sessions_active,
             sessions,
             bytes,
@@ -183,6 +220,13 @@ impl Metrics {
     /// Counts one authentication or authorization outcome.
     pub fn auth_decision(&self, decision: &'static str) {
         self.auth_decisions
+            .get_or_create(&[("decision", decision.to_string())])
+            .inc();
+    }
+
+    /// Counts one decision of the CSR approver (`approved`, `refused`).
+    pub fn csr_approver_decision(&self, decision: &'static str) {
+        self.csr_approver_decisions
             .get_or_create(&[("decision", decision.to_string())])
             .inc();
     }

@@ -5,7 +5,8 @@
 //! handshake so a new certificate is served on the very next connection. Without files, a
 //! self-signed certificate (`self_signed`) is made for `LEAF_NODE_IP` and the pod's DNS names; the
 //! root apiserver only verifies kubelet certificates when `--kubelet-certificate-authority` is
-//! set, so this works out of the box, but a warning says so.
+//! set, so this works out of the box, but a warning says so. With `SERVING_CERT_MODE=csr` the
+//! root cluster's kubelet-serving signer issues it (`serving_csr`), for apiservers that verify.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -21,19 +22,17 @@ use crate::config::{Config, ServingCert};
 use crate::crypto::TlsError;
 use crate::crypto::provider;
 
-/// Builds the node server's TLS settings. With `client_ca`, client certificates are verified
-/// against it when offered (callers without one may still use a bearer token).
-pub fn server_config(
-    config: &Config,
-    client_ca: Option<Arc<ClientCa>>,
-) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let resolver: Arc<dyn ResolvesServerCert> = match &config.serving_cert {
+/// The serving certificate of `SERVING_CERT_MODE` files or generate. (`csr` certificates come
+/// from `serving_csr::CsrCert`, which needs the root cluster.)
+pub fn certificate(config: &Config) -> Result<Arc<dyn ResolvesServerCert>, TlsError> {
+    Ok(match &config.serving_cert {
         ServingCert::Files { cert, key } => Arc::new(FileCert::load(cert.clone(), key.clone())?),
         ServingCert::SelfSigned => {
             tracing::warn!(
                 ip = %config.leaf_node_ip,
                 "no APISERVER_CERT_LOCATION/APISERVER_KEY_LOCATION: serving a self-signed certificate; \
-                 root apiservers that verify kubelet certificates will refuse it"
+                 root apiservers that verify kubelet certificates (--kubelet-certificate-authority) will refuse it \
+                 (SERVING_CERT_MODE=csr gets one they accept)"
             );
             Arc::new(crate::self_signed::SelfSigned::new(
                 config.leaf_node_ip,
@@ -42,14 +41,24 @@ pub fn server_config(
                 SystemTime::now(),
             )?)
         }
-    };
+        ServingCert::Csr(_) => return Err(TlsError::CsrNotStarted),
+    })
+}
+
+/// Builds the node server's TLS settings around `certificate`. With `client_ca`, client
+/// certificates are verified against it when offered (callers without one may still use a
+/// bearer token).
+pub fn server_config(
+    certificate: Arc<dyn ResolvesServerCert>,
+    client_ca: Option<Arc<ClientCa>>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?;
     let builder = match client_ca {
         Some(ca) => builder.with_client_cert_verifier(ca),
         None => builder.with_no_client_auth(),
     };
-    let mut tls = builder.with_cert_resolver(resolver);
+    let mut tls = builder.with_cert_resolver(certificate);
     // Every kubelet streaming protocol is an HTTP/1.1 upgrade.
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(tls))
