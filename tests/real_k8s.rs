@@ -14,7 +14,6 @@ mod world;
 
 use std::process::Stdio;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use relaylet_sim::tools::Kubectl;
 use support::{Run, describe, text};
@@ -31,6 +30,7 @@ fn world() -> &'static World {
             replicas: 1,
             leaves: &["leaf-1", "leaf-2"],
             env: &[],
+            ..Setup::default()
         });
         w.sync_pod("leaf-1", "default", "demo");
         w.sync_pod("leaf-2", "default", "other");
@@ -153,67 +153,13 @@ fn port_forward_with_both_protocols() {
     let w = world();
     for version in ["1.27", "1.33", "1.35"] {
         let k = kubectl(version);
-        let local = harness::free_port();
-        let mut child = Run::new(
-            &k,
-            w.root_kubeconfig(),
-            &["port-forward", "pod/demo", &format!("{local}:8080")],
-        )
-        .command()
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl port-forward");
-        let mut answers = Vec::new();
-        for _ in 0..2 {
-            let mut answer = None;
-            for _ in 0..200 {
-                if let Ok(body) = http_get(local) {
-                    answer = Some(body);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            answers.push(answer.unwrap_or_default());
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        for body in answers {
+        for body in world::port_forward_answers(&k, w.root_kubeconfig(), "demo", 2) {
             assert!(
                 body.ends_with("hello from default/demo\n"),
                 "kubectl {version}: {body:?}"
             );
         }
     }
-}
-
-fn http_get(port: u16) -> std::io::Result<String> {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    // HTTP/1.1 and Content-Length, as curl reads it: the answer's end is in the bytes, not in
-    // the remote's close (kubectl closes a forwarded connection only once the kubelet ends the
-    // stream pair).
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut reader = BufReader::new(s);
-    let mut head = String::new();
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(std::io::Error::other("answer ended in its headers"));
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().map_err(std::io::Error::other)?;
-        }
-        head.push_str(&line);
-        if line == "\r\n" {
-            break;
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body)?;
-    Ok(head + &String::from_utf8_lossy(&body))
 }
 
 /// The virtual Node and its Lease as the real apiserver validated and stored them, with the

@@ -29,6 +29,7 @@ fn world() -> MutexGuard<'static, World> {
             replicas: 2,
             leaves: &["leaf-1"],
             env: &[("STREAM_IDLE_TIMEOUT", "3s")],
+            ..Setup::default()
         });
         w.sync_pod("leaf-1", "default", "demo");
         Mutex::new(w)

@@ -167,6 +167,9 @@ pub struct Options {
     /// `--kubelet-preferred-address-types`.
     pub preferred_address_types: String,
     pub controller_manager: bool,
+    /// `--kubelet-certificate-authority` set to the cluster CA: the apiserver verifies every
+    /// kubelet's serving certificate, as a hardened control plane (CIS 1.2.5) does.
+    pub verify_kubelet_certificates: bool,
 }
 
 impl ControlPlane {
@@ -274,6 +277,9 @@ impl ControlPlane {
             "--allow-privileged=true".to_string(),
             "--endpoint-reconciler-type=none".to_string(),
         ];
+        if options.verify_kubelet_certificates {
+            apiserver_args.push(format!("--kubelet-certificate-authority={ca_file}"));
+        }
         if !options.controller_manager {
             // Without kube-controller-manager no ServiceAccount objects are made; pods are
             // created without them, as in a cluster whose admission allows it.

@@ -33,6 +33,32 @@ pub struct Setup {
     pub leaves: &'static [&'static str],
     /// Extra env for relaylet, over the chart's.
     pub env: &'static [(&'static str, &'static str)],
+    /// Chart values (`helm template --set`) for the RBAC and env relaylet gets.
+    pub chart_values: &'static [&'static str],
+    /// The root apiserver verifies kubelet serving certificates against its CA.
+    pub verify_kubelet_certificates: bool,
+    /// Each replica is a Pod object in the root (status.podIP = its address) and authenticates
+    /// with a token bound to it, as a real pod's projected token is.
+    pub replica_pods: bool,
+    /// Wait in [`World::start`] until every virtual node is Ready (a replica whose certificate
+    /// waits for approval by hand never writes one).
+    pub wait_for_nodes: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Setup {
+        Setup {
+            root_address_order: "InternalDNS,Hostname,InternalIP,ExternalDNS,ExternalIP",
+            preferred_address_type: None,
+            replicas: 1,
+            leaves: &["leaf-1"],
+            env: &[],
+            chart_values: &[],
+            verify_kubelet_certificates: false,
+            replica_pods: false,
+            wait_for_nodes: true,
+        }
+    }
 }
 
 /// One relaylet replica, running in this process.
@@ -49,6 +75,8 @@ pub struct World {
     /// Replicas by index; a stopped one is `None`.
     pub replicas: Mutex<Vec<Option<Replica>>>,
     root_kubeconfig: String,
+    /// Per replica, when replicas are pods: a kubeconfig with the token bound to its Pod.
+    replica_kubeconfigs: Vec<String>,
     config_env: BTreeMap<String, String>,
     pub runtime: tokio::runtime::Runtime,
     pub dir: tempfile::TempDir,
@@ -78,16 +106,20 @@ impl World {
                 name: "root".into(),
                 preferred_address_types: setup.root_address_order.into(),
                 controller_manager: true,
+                verify_kubelet_certificates: setup.verify_kubelet_certificates,
             },
         );
         // The root: relaylet's namespace, ServiceAccount and RBAC exactly as the chart renders.
         root.kubectl_ok(&["create", "namespace", RELAYLET_NAMESPACE]);
-        let rendered = helm_template(&[
+        let mut show = vec![
             "--show-only",
             "templates/serviceaccount.yaml",
             "--show-only",
             "templates/rbac.yaml",
-        ]);
+        ];
+        let sets = chart_sets(setup.chart_values);
+        show.extend(sets.iter().map(String::as_str));
+        let rendered = helm_template(&show);
         root.kubectl_stdin_ok(&["apply", "-f", "-"], Some(&rendered));
 
         let mut leaves = BTreeMap::new();
@@ -98,6 +130,7 @@ impl World {
                     name: name.to_string(),
                     preferred_address_types: "InternalIP,Hostname".into(),
                     controller_manager: false,
+                    verify_kubelet_certificates: false,
                 },
             );
             leaf.add_kubelet(&leaf_node(name));
@@ -107,7 +140,7 @@ impl World {
 
         // relaylet's env from the rendered chart; what the downward API gives a pod is given
         // per replica, and all replicas share the kubelet port as pods do.
-        let mut config_env = chart_env();
+        let mut config_env = chart_env(&sets);
         if let Some(t) = setup.preferred_address_type {
             config_env.insert("PREFERRED-ADDRESS-TYPE".into(), t.into());
         }
@@ -126,6 +159,13 @@ impl World {
             "--duration=24h",
         ]);
         let root_kubeconfig = token_kubeconfig(&root, sa_token.trim());
+        let replica_kubeconfigs = if setup.replica_pods {
+            (0..setup.replicas)
+                .map(|i| token_kubeconfig(&root, &replica_pod(&root, i)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -136,6 +176,7 @@ impl World {
             leaves,
             replicas: Mutex::new(Vec::new()),
             root_kubeconfig,
+            replica_kubeconfigs,
             config_env,
             runtime,
             dir,
@@ -144,15 +185,34 @@ impl World {
             let replica = world.start_replica(i);
             world.replicas.lock().expect("replicas").push(Some(replica));
         }
-        for leaf in setup.leaves {
-            world.wait_for_node_ready(&virtual_node(leaf));
+        if setup.wait_for_nodes {
+            world.wait_for_nodes(setup.leaves);
         }
         world
     }
 
+    /// Waits until the virtual node of each of `leaves` is Ready.
+    pub fn wait_for_nodes(&self, leaves: &[&str]) {
+        for leaf in leaves {
+            self.wait_for_node_ready(&virtual_node(leaf));
+        }
+    }
+
+    /// The address replica `i` listens on (its "pod IP").
+    pub fn replica_ip(i: usize) -> IpAddr {
+        format!("127.0.0.{}", i + 2).parse().expect("ip")
+    }
+
+    /// The kubeconfig replica `i` authenticates to the root with.
+    pub fn replica_kubeconfig(&self, i: usize) -> &str {
+        self.replica_kubeconfigs
+            .get(i)
+            .unwrap_or(&self.root_kubeconfig)
+    }
+
     /// Starts replica `i` on 127.0.0.{i+2}.
     fn start_replica(&self, i: usize) -> Replica {
-        let ip: IpAddr = format!("127.0.0.{}", i + 2).parse().expect("ip");
+        let ip = World::replica_ip(i);
         let mut env = self.config_env.clone();
         env.insert("LEAF_NODE_IP".into(), ip.to_string());
         env.insert("POD_NAME".into(), format!("relaylet-{i}"));
@@ -164,7 +224,7 @@ impl World {
             .expect("the chart's env is a valid configuration");
         let shutdown = relaylet::shutdown::Shutdown::default();
         let running = self.runtime.block_on(async {
-            let client = relaylet::sandbox::kube_client(&self.root_kubeconfig)
+            let client = relaylet::sandbox::kube_client(self.replica_kubeconfig(i))
                 .await
                 .expect("root client");
             relaylet::start(config, client, shutdown.clone())
@@ -426,9 +486,65 @@ pub fn helm_template(extra: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("helm output")
 }
 
+/// `--set` arguments for `values`.
+fn chart_sets(values: &[&str]) -> Vec<String> {
+    values
+        .iter()
+        .flat_map(|v| ["--set".to_string(), v.to_string()])
+        .collect()
+}
+
+/// Makes Pod `relaylet-<i>` in relaylet's namespace with replica `i`'s address as its IP, as
+/// the kubelet would report it, and returns a token of relaylet's ServiceAccount bound to it
+/// (what a pod's projected token is: the apiserver adds the pod's name and UID to the user's
+/// extra).
+fn replica_pod(root: &ControlPlane, i: usize) -> String {
+    let name = format!("relaylet-{i}");
+    let ip = World::replica_ip(i);
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {RELAYLET_NAMESPACE}\n  labels:\n    app.kubernetes.io/name: relaylet\nspec:\n  serviceAccountName: relaylet\n  containers:\n  - name: relaylet\n    image: relaylet:test\n"
+    );
+    root.kubectl_stdin_ok(&["create", "-f", "-"], Some(&pod));
+    root.kubectl_ok(&[
+        "patch",
+        "pod",
+        &name,
+        "-n",
+        RELAYLET_NAMESPACE,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"status":{{"podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}]}}}}"#),
+    ]);
+    let uid = root.kubectl_ok(&[
+        "get",
+        "pod",
+        &name,
+        "-n",
+        RELAYLET_NAMESPACE,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    root.kubectl_ok(&[
+        "create",
+        "token",
+        "relaylet",
+        "-n",
+        RELAYLET_NAMESPACE,
+        "--duration=24h",
+        "--bound-object-kind=Pod",
+        &format!("--bound-object-name={name}"),
+        &format!("--bound-object-uid={}", uid.trim()),
+    ])
+    .trim()
+    .to_string()
+}
+
 /// The literal env values of the rendered chart's relaylet container.
-fn chart_env() -> BTreeMap<String, String> {
-    let yaml = helm_template(&["--show-only", "templates/deployment.yaml"]);
+fn chart_env(sets: &[String]) -> BTreeMap<String, String> {
+    let mut args = vec!["--show-only", "templates/deployment.yaml"];
+    args.extend(sets.iter().map(String::as_str));
+    let yaml = helm_template(&args);
     let deployment: k8s_openapi::api::apps::v1::Deployment =
         serde_saphyr::from_str(&yaml).expect("the rendered Deployment");
     deployment
@@ -469,4 +585,74 @@ pub async fn kubelet_client(
     config.accept_invalid_certs = true;
     config.default_retry = false;
     kube::Client::try_from(config).expect("client")
+}
+
+/// Runs `kubectl port-forward pod/<pod> <local>:8080` and makes `connections` HTTP requests
+/// through it, one connection each; the answers (head and body) in order, empty for a
+/// connection that never answered.
+pub fn port_forward_answers(
+    k: &relaylet_sim::tools::Kubectl,
+    kubeconfig: &Path,
+    pod: &str,
+    connections: usize,
+) -> Vec<String> {
+    let local = harness::free_port();
+    let mut child = crate::support::Run::new(
+        k,
+        kubeconfig,
+        &[
+            "port-forward",
+            &format!("pod/{pod}"),
+            &format!("{local}:8080"),
+        ],
+    )
+    .command()
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("kubectl port-forward");
+    let mut answers = Vec::new();
+    for _ in 0..connections {
+        let mut answer = None;
+        for _ in 0..200 {
+            if let Ok(body) = http_get(local) {
+                answer = Some(body);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        answers.push(answer.unwrap_or_default());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    answers
+}
+
+fn http_get(port: u16) -> std::io::Result<String> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // HTTP/1.1 and Content-Length, as curl reads it: the answer's end is in the bytes, not in
+    // the remote's close (kubectl closes a forwarded connection only once the kubelet ends the
+    // stream pair).
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut reader = BufReader::new(s);
+    let mut head = String::new();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::other("answer ended in its headers"));
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().map_err(std::io::Error::other)?;
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    Ok(head + &String::from_utf8_lossy(&body))
 }
