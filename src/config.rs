@@ -661,6 +661,86 @@ mod tests {
         Config::from_lookup(|name| map.get(name).cloned())
     }
 
+    fn serving(vars: &[(&str, &str)]) -> Result<ServingCert, String> {
+        let mut all = vec![("LEAF_NODE_IP", "10.0.0.1")];
+        all.extend_from_slice(vars);
+        config(&all)
+            .map(|c| c.serving_cert)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn serving_cert_mode_csr_with_its_settings() {
+        assert_eq!(
+            serving(&[("SERVING_CERT_MODE", "csr")]),
+            Ok(ServingCert::Csr(CsrSettings {
+                expiration: None,
+                renew_before: None,
+                approver: false,
+            }))
+        );
+        assert_eq!(
+            serving(&[
+                ("SERVING_CERT_MODE", "csr"),
+                ("SERVING_CERT_CSR_APPROVER", "true"),
+                ("SERVING_CERT_CSR_EXPIRATION", "24h"),
+                ("SERVING_CERT_RENEW_BEFORE", "2h"),
+            ]),
+            Ok(ServingCert::Csr(CsrSettings {
+                expiration: Some(Duration::from_secs(24 * 3600)),
+                renew_before: Some(Duration::from_secs(2 * 3600)),
+                approver: true,
+            }))
+        );
+        let short = serving(&[
+            ("SERVING_CERT_MODE", "csr"),
+            ("SERVING_CERT_CSR_EXPIRATION", "5m"),
+        ])
+        .unwrap_err();
+        assert!(
+            short.contains("SERVING_CERT_CSR_EXPIRATION: must be at least 10m"),
+            "{short}"
+        );
+    }
+
+    #[test]
+    fn serving_cert_mode_defaults_and_conflicts() {
+        assert_eq!(serving(&[]), Ok(ServingCert::SelfSigned));
+        assert_eq!(
+            serving(&[("SERVING_CERT_MODE", "generate")]),
+            Ok(ServingCert::SelfSigned)
+        );
+        let files = [
+            ("APISERVER_CERT_LOCATION", "/tls/tls.crt"),
+            ("APISERVER_KEY_LOCATION", "/tls/tls.key"),
+        ];
+        let expected = Ok(ServingCert::Files {
+            cert: "/tls/tls.crt".into(),
+            key: "/tls/tls.key".into(),
+        });
+        assert_eq!(serving(&files), expected);
+        let mut with_mode = files.to_vec();
+        with_mode.push(("SERVING_CERT_MODE", "files"));
+        assert_eq!(serving(&with_mode), expected);
+        let mut conflict = files.to_vec();
+        conflict.push(("SERVING_CERT_MODE", "csr"));
+        assert!(
+            serving(&conflict).unwrap_err().contains(
+                "SERVING_CERT_MODE: APISERVER_CERT_LOCATION/APISERVER_KEY_LOCATION are set"
+            )
+        );
+        assert!(
+            serving(&[("SERVING_CERT_MODE", "files")])
+                .unwrap_err()
+                .contains("APISERVER_CERT_LOCATION: required")
+        );
+        assert!(
+            serving(&[("SERVING_CERT_MODE", "acme")])
+                .unwrap_err()
+                .contains("\"acme\" is not one of generate, files, csr")
+        );
+    }
+
     #[test]
     fn defaults_need_only_the_pod_ip() {
         let c = config(&[("LEAF_NODE_IP", "10.1.2.3")]).unwrap();
