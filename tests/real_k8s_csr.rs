@@ -3,7 +3,8 @@
 //! certificates (`--kubelet-certificate-authority` = its cluster CA, as CIS 1.2.5 asks) with
 //! the real kube-controller-manager signing approved CSRs:
 //! - `servingCert.mode=csr` with approval by hand: not ready and no Node until an administrator
-//!   approves the CSR named in `/readyz`; then exec, logs and port-forward work;
+//!   approves the CSR named in `/readyz` (a denied one is named as denied, and relaylet asks
+//!   again); then exec, logs and port-forward work;
 //! - the control: the same apiserver refuses relaylet's self-signed certificate
 //!   (`servingCert.mode=generate`) with its x509 error;
 //! - relaylet's own approver (`servingCert.csr.approver=true`), replicas as Pods with bound
@@ -225,6 +226,21 @@ fn csr_mode_approved_by_hand_passes_a_verifying_apiserver() {
     // No leader without a certificate: no Node points at an address that would fail TLS.
     let nodes = w.root.kubectl_ok(&["get", "nodes", "-o", "name"]);
     assert!(!nodes.contains(VIRTUAL_NODE), "{nodes}");
+
+    // A denied CSR is an error naming it; relaylet asks again.
+    w.root.kubectl_ok(&["certificate", "deny", &csr]);
+    let reason = eventually("readiness names the denial", || {
+        let got = readyz(&w, 0);
+        got.body
+            .contains(&format!(
+                "serving certificate: CSR {csr} was denied: KubectlDeny"
+            ))
+            .then_some(got)
+    });
+    assert_eq!(reason.status, 503, "{}", reason.body);
+    let csr = eventually("relaylet asks again", || {
+        csrs(&w).into_iter().find(|name| *name != csr)
+    });
 
     // The administrator approves, as the log, NOTES and README say.
     w.root.kubectl_ok(&["certificate", "approve", &csr]);
