@@ -5,7 +5,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-const FIGURES: [&str; 9] = [
+const FIGURES: [&str; 11] = [
     "exec_stdout_throughput",
     "portforward_throughput",
     "logs_follow_throughput",
@@ -13,6 +13,8 @@ const FIGURES: [&str; 9] = [
     "exec_rtt_p99",
     "exec_setup_rate",
     "cpu_per_gib",
+    "floor_cpu_per_gib",
+    "system_cpu_per_gib",
     "after_close_rss_growth",
     "after_close_fd_growth",
 ];
@@ -71,6 +73,25 @@ async fn bench_smoke_prints_every_figure_as_json() {
     }
     let cpu = row("cpu_per_gib");
     assert!(cpu["direct"].is_null() && cpu["relayed"].as_f64().unwrap() > 0.0);
+    // The floor: direct = its TCP part, limit = crypto + TCP, relayed = relaylet's cost, and
+    // ratio = floor / relaylet.
+    let floor = row("floor_cpu_per_gib");
+    let (tcp, total) = (
+        floor["direct"].as_f64().expect("tcp part"),
+        floor["limit"].as_f64().expect("floor"),
+    );
+    assert!(tcp > 0.0 && total > tcp, "{floor}");
+    assert_eq!(floor["relayed"], cpu["relayed"]);
+    let expected = total / cpu["relayed"].as_f64().unwrap();
+    let ratio = floor["ratio"].as_f64().expect("ratio");
+    assert!((ratio - expected).abs() < 0.01, "{floor}");
+    // Whole-system CPU: every route costs the client and the leaf; ratio = (direct + floor) /
+    // relayed.
+    let system = row("system_cpu_per_gib");
+    for route in ["direct", "limit", "relayed"] {
+        assert!(system[route].as_f64().expect("a number") > 0.0, "{system}");
+    }
+    assert!(system["ratio"].as_f64().expect("ratio") > 0.0, "{system}");
     let memory = rows
         .iter()
         .find(|r| {

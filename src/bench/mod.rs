@@ -9,6 +9,7 @@
 //! CPU cost. Memory and descriptor figures are relaylet's own, read from `/proc`.
 
 mod client;
+mod floor;
 mod hold;
 mod procfs;
 pub mod reference_relay;
@@ -300,8 +301,11 @@ async fn measure_bulk(
     options: Options,
     figures: &mut Vec<Figure>,
 ) -> anyhow::Result<()> {
-    // cpu[rep] per route: (cpu seconds, bytes) summed over the three bulk figures.
+    // cpu[rep] per route: (cpu seconds, bytes) summed over the three bulk figures; system[rep]
+    // the same for the whole process tree (client, leaf and its pods, and the relay).
     let mut cpu: Vec<[(f64, u64); 3]> = vec![[(0.0, 0); 3]; sizes.reps];
+    let mut system: Vec<[(f64, u64); 3]> = vec![[(0.0, 0); 3]; sizes.reps];
+    let me = std::process::id();
     for (kind, name) in [
         (Bulk::ExecStdout, "exec_stdout_throughput"),
         (Bulk::PortForward, "portforward_throughput"),
@@ -315,13 +319,18 @@ async fn measure_bulk(
                 .with_context(|| format!("{name} warm-up"))?;
         }
         let mut samples = Samples::default();
-        for (rep, per_route) in cpu.iter_mut().enumerate() {
+        for (rep, (per_route, whole)) in cpu.iter_mut().zip(system.iter_mut()).enumerate() {
             for route in order(rep) {
                 let pid = stack.relay_pid(route);
                 let before = pid.map(procfs::cpu_time).transpose()?;
+                let tree_before = procfs::tree_cpu_time(me)?;
                 let transfer = bulk(stack, route, kind, sizes)
                     .await
                     .with_context(|| format!("{name} {route:?}"))?;
+                let tree_used = procfs::tree_cpu_time(me)?.saturating_sub(tree_before);
+                let slot = &mut whole[route as usize];
+                slot.0 += tree_used.as_secs_f64();
+                slot.1 += transfer.bytes;
                 if let (Some(pid), Some(before)) = (pid, before) {
                     let used = procfs::cpu_time(pid)?.saturating_sub(before);
                     let slot = &mut per_route[route as usize];
@@ -348,11 +357,53 @@ async fn measure_bulk(
             }
         }
     }
+    let relay_cost = cpu_per_gib.figure("cpu_per_gib", "CPU s/GiB", Better::Lower);
+    let relaylet_cost = relay_cost.relayed;
+    emit(figures, relay_cost, options);
+
+    // The floor, measured now on as many bytes as one route moved in one repetition.
+    let floor_bytes = system
+        .first()
+        .map(|r| r[Route::Relayed as usize].1)
+        .unwrap_or(0)
+        .max(1 << 20);
+    eprintln!("measuring floor_cpu_per_gib");
+    let floor = tokio::task::spawn_blocking(move || floor::measure(floor_bytes))
+        .await
+        .context("floor task")??;
     emit(
         figures,
-        cpu_per_gib.figure("cpu_per_gib", "CPU s/GiB", Better::Lower),
+        Figure {
+            name: "floor_cpu_per_gib".into(),
+            unit: "CPU s/GiB",
+            direct: Some(floor.tcp),
+            limit: Some(floor.total()),
+            relayed: relaylet_cost,
+            ratio: relaylet_cost
+                .filter(|r| *r > 0.0)
+                .map(|r| floor.total() / r),
+            n: 1,
+        },
         options,
     );
+
+    // Whole-system CPU per GiB: client, leaf, pods and relay together.
+    let mut whole = Samples::default();
+    for per_route in &system {
+        for route in Route::ALL {
+            let (seconds, bytes) = per_route[route as usize];
+            if bytes > 0 {
+                whole.push(route, seconds / (bytes as f64 / (1u64 << 30) as f64));
+            }
+        }
+    }
+    let mut system_cost = whole.figure("system_cpu_per_gib", "CPU s/GiB", Better::Lower);
+    // Against direct plus the floor: what a relay must add at least.
+    system_cost.ratio = match (system_cost.direct, system_cost.relayed) {
+        (Some(d), Some(r)) if r > 0.0 => Some((d + floor.total()) / r),
+        _ => None,
+    };
+    emit(figures, system_cost, options);
     Ok(())
 }
 

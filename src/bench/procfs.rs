@@ -76,3 +76,49 @@ mod tests {
         assert!(cpu_time(pid).unwrap() > before);
     }
 }
+
+/// CPU time (user + system) of `pid` and every process below it: the whole system a benchmark
+/// route runs on when everything is started from one process.
+pub fn tree_cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            // Fields after the command's closing parenthesis: state, ppid, ...
+            if let Some(ppid) = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|f| f.parse::<u32>().ok())
+            {
+                parents.push((p, ppid));
+            }
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    let mut total = Duration::ZERO;
+    for p in tree {
+        // A process may end between listing and reading.
+        if let Ok(t) = cpu_time(p) {
+            total += t;
+        }
+    }
+    Ok(total)
+}

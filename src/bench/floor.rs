@@ -1,0 +1,221 @@
+//! The floor of relaying bytes over TLS, measured in the bench's own run: what no relay can
+//! avoid spending per GiB on this machine.
+//!
+//! - `crypto`: decrypting the bytes once as they arrive over TLS and encrypting them once for
+//!   the other side, with the cipher suite relaylet negotiates with the bench's clients
+//!   (rustls on both ends, in memory: the records are made before the clock starts, so only the
+//!   relay's share is counted).
+//! - `tcp`: a plain-TCP splice on loopback (read into a buffer, write it on), for the kernel's
+//!   share: the two socket copies and their system calls.
+//!
+//! Both are the CPU time of the one thread doing the relay's work.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+/// CPU seconds per GiB of the two parts of the floor.
+#[derive(Debug, Clone, Copy)]
+pub struct Floor {
+    pub crypto: f64,
+    pub tcp: f64,
+}
+
+impl Floor {
+    pub fn total(&self) -> f64 {
+        self.crypto + self.tcp
+    }
+}
+
+/// Chunk size of the relay's reads and writes: a TLS record's plaintext.
+const CHUNK: usize = 16 * 1024;
+
+/// Measures both parts over `bytes` bytes (blocking; run it off the async threads).
+pub fn measure(bytes: u64) -> anyhow::Result<Floor> {
+    Ok(Floor {
+        crypto: per_gib(crypto(bytes)?, bytes),
+        tcp: per_gib(tcp(bytes)?, bytes),
+    })
+}
+
+fn per_gib(cpu: Duration, bytes: u64) -> f64 {
+    cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The calling thread's time on a CPU, from the same counter the relays' figures use
+/// (`schedstat`), so the floor and the relays are measured alike.
+fn thread_cpu() -> anyhow::Result<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .context("reading /proc/thread-self/schedstat")?;
+    let ns: u64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .context("unreadable /proc/thread-self/schedstat")?;
+    Ok(Duration::from_nanos(ns))
+}
+
+/// A connected in-memory TLS pair, handshake done.
+fn pair() -> anyhow::Result<(rustls::ClientConnection, rustls::ServerConnection)> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let key = rcgen::KeyPair::generate()?;
+    let cert = rcgen::CertificateParams::new(vec!["floor".to_string()])?.self_signed(&key)?;
+    let der = CertificateDer::from(cert.der().to_vec());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der.clone())?;
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![der],
+            PrivateKeyDer::try_from(key.serialize_der()).map_err(anyhow::Error::msg)?,
+        )?;
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut c = rustls::ClientConnection::new(Arc::new(client), ServerName::try_from("floor")?)?;
+    let mut s = rustls::ServerConnection::new(Arc::new(server))?;
+    while c.is_handshaking() || s.is_handshaking() {
+        shuttle(&mut c, &mut s)?;
+        shuttle(&mut s, &mut c)?;
+    }
+    // Session tickets and the like.
+    shuttle(&mut s, &mut c)?;
+    Ok((c, s))
+}
+
+/// Moves every pending TLS byte from `from` to `to` and lets `to` process it.
+fn shuttle<A, B, DA, DB>(from: &mut A, to: &mut B) -> anyhow::Result<()>
+where
+    A: std::ops::DerefMut<Target = rustls::ConnectionCommon<DA>>,
+    B: std::ops::DerefMut<Target = rustls::ConnectionCommon<DB>>,
+{
+    let mut wire = Vec::new();
+    while from.wants_write() {
+        from.write_tls(&mut wire)?;
+    }
+    let mut cursor = &wire[..];
+    while !cursor.is_empty() {
+        to.read_tls(&mut cursor)?;
+        to.process_new_packets()?;
+    }
+    Ok(())
+}
+
+/// The relay's crypto for `bytes`: as the TLS client of the leaf it decrypts, as the TLS server
+/// of the root apiserver it encrypts (the exec-stdout direction).
+fn crypto(bytes: u64) -> anyhow::Result<Duration> {
+    // The leaf's records, made before the clock starts.
+    let (mut relay_in, mut leaf) = pair()?;
+    let plain = vec![0u8; CHUNK];
+    let mut records = Vec::new();
+    let mut left = bytes;
+    while left > 0 {
+        let n = CHUNK.min(usize::try_from(left).unwrap_or(CHUNK));
+        leaf.writer().write_all(&plain[..n])?;
+        while leaf.wants_write() {
+            leaf.write_tls(&mut records)?;
+        }
+        left -= n as u64;
+    }
+    let (_root, mut relay_out) = pair()?;
+
+    let start = thread_cpu()?;
+    let mut cursor = &records[..];
+    let mut buf = vec![0u8; CHUNK];
+    let mut out = Vec::with_capacity(CHUNK + 64);
+    let mut moved = 0u64;
+    while moved < bytes {
+        anyhow::ensure!(
+            !cursor.is_empty(),
+            "the crypto floor decrypted {moved} of {bytes} bytes"
+        );
+        relay_in.read_tls(&mut cursor)?;
+        relay_in.process_new_packets()?;
+        loop {
+            let n = match relay_in.reader().read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.into()),
+            };
+            relay_out.writer().write_all(&buf[..n])?;
+            while relay_out.wants_write() {
+                out.clear();
+                relay_out.write_tls(&mut out)?;
+            }
+            moved += n as u64;
+        }
+    }
+    let used = thread_cpu()?.saturating_sub(start);
+    std::hint::black_box(&out);
+    Ok(used)
+}
+
+/// A plain-TCP splice of `bytes` on loopback: the relay thread's CPU.
+fn tcp(bytes: u64) -> anyhow::Result<Duration> {
+    let a = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let b = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let (a_addr, b_addr) = (a.local_addr()?, b.local_addr()?);
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut s = std::net::TcpStream::connect(a_addr)?;
+        let chunk = vec![0u8; CHUNK * 4];
+        let mut left = bytes;
+        while left > 0 {
+            let n = chunk
+                .len()
+                .min(usize::try_from(left).unwrap_or(chunk.len()));
+            s.write_all(&chunk[..n])?;
+            left -= n as u64;
+        }
+        Ok(())
+    });
+    let receiver = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut s, _) = b.accept()?;
+        let mut buf = vec![0u8; CHUNK * 4];
+        let mut got = 0u64;
+        loop {
+            match s.read(&mut buf)? {
+                0 => return Ok(got),
+                n => got += n as u64,
+            }
+        }
+    });
+    let (mut from, _) = a.accept()?;
+    let mut to = std::net::TcpStream::connect(b_addr)?;
+    let start = thread_cpu()?;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = from.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        to.write_all(&buf[..n])?;
+    }
+    let used = thread_cpu()?.saturating_sub(start);
+    drop(to);
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("floor sender panicked"))??;
+    let got = receiver
+        .join()
+        .map_err(|_| anyhow::anyhow!("floor receiver panicked"))??;
+    anyhow::ensure!(got == bytes, "the TCP floor moved {got} of {bytes} bytes");
+    Ok(used)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both parts relay every byte (each checks it moved exactly `bytes`, or fails).
+    #[test]
+    fn the_floor_relays_every_byte() {
+        let floor = measure(4 << 20).unwrap();
+        assert!(floor.crypto >= 0.0 && floor.tcp >= 0.0, "{floor:?}");
+    }
+}
