@@ -58,25 +58,6 @@ pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
     Ok(Duration::from_nanos(total))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_this_process() {
-        let pid = std::process::id();
-        assert!(rss_kib(pid).unwrap() > 0);
-        assert!(fd_count(pid).unwrap() >= 3);
-        let before = cpu_time(pid).unwrap();
-        let mut x = 0u64;
-        for i in 0..5_000_000u64 {
-            x = x.wrapping_mul(31).wrapping_add(i);
-        }
-        std::hint::black_box(x);
-        assert!(cpu_time(pid).unwrap() > before);
-    }
-}
-
 /// CPU time (user + system) of `pid` and every process below it: the whole system a benchmark
 /// route runs on when everything is started from one process.
 pub fn tree_cpu_time(pid: u32) -> anyhow::Result<Duration> {
@@ -121,4 +102,23 @@ pub fn tree_cpu_time(pid: u32) -> anyhow::Result<Duration> {
         }
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let pid = std::process::id();
+        assert!(rss_kib(pid).unwrap() > 0);
+        assert!(fd_count(pid).unwrap() >= 3);
+        let before = cpu_time(pid).unwrap();
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_time(pid).unwrap() > before);
+    }
 }
