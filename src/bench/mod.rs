@@ -371,6 +371,15 @@ async fn measure_bulk(
     let floor = tokio::task::spawn_blocking(move || floor::measure(floor_bytes))
         .await
         .context("floor task")??;
+    eprintln!(
+        "  floor ({}, {} MiB): record cipher {:.2} + TCP splice {:.2} = {:.2} CPU s/GiB; through rustls connections {:.2}",
+        floor.suite,
+        floor_bytes >> 20,
+        floor.crypto,
+        floor.tcp,
+        floor.total(),
+        floor.rustls
+    );
     emit(
         figures,
         Figure {
