@@ -150,7 +150,7 @@ fn the_metrics_port_has_its_own_small_budget_and_cuts_idle_clients() {
     let _serial = serial();
     let e = env(settings);
     RT.block_on(async {
-        let metrics = e.sandbox.config.metrics_addr;
+        let metrics = e.sandbox.relaylet.metrics_addr;
         // 100 idle connections from one address: all but 16 are closed at once ...
         let mut idle = Vec::new();
         for _ in 0..100 {

@@ -196,9 +196,10 @@ fn leaf_secret(leaf: &Cluster) -> Secret {
     }
 }
 
+/// A port number for `NODE_SERVER_PORT`, which must be 1-65535 and which the Node names until
+/// the node's own listener is bound (so not port 0): see relaylet_sim::ports.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
+    relaylet_sim::ports::free_loopback_port()
         .expect("free port")
         .port()
 }
