@@ -21,7 +21,10 @@ use relaylet::sandbox::Settings;
 use relaylet_sim::apiserver::Rule;
 use relaylet_sim::cluster::{SimContainer, SimPod};
 use relaylet_sim::tools::Kubectl;
-use support::{Env, RT, Run, describe, text};
+use support::{Env, RT, Run, describe, text, wait_until};
+
+/// Only turns a hang into a failure; nothing is measured against it.
+const HANG: Duration = Duration::from_secs(60);
 
 const ATTACKER: &str = "mallory";
 const TEAM: &str = "team-a";
@@ -329,7 +332,7 @@ fn a_renamed_pod_reaches_only_its_own_name() {
 #[test]
 fn a_stale_leaf_copy_is_not_the_counterpart_of_a_new_pod_of_the_same_name() {
     let e = env();
-    RT.block_on(async {
+    let pods = RT.block_on(async {
         namespaces(e, "leaf-1", &[TEAM]).await;
         e.sandbox
             .add_pod("leaf-1", &pod(TEAM, "old"))
@@ -340,15 +343,13 @@ fn a_stale_leaf_copy_is_not_the_counterpart_of_a_new_pod_of_the_same_name() {
             Api::namespaced(support_client(&e.sandbox.root).await, TEAM);
         pods.delete("old", &DeleteParams::default().grace_period(0))
             .await
-            .unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while pods.get_opt("old").await.unwrap().is_some() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "root pod not deleted"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            .expect("delete the root pod");
+        pods
+    });
+    wait_until("the root pod is deleted", HANG, || {
+        RT.block_on(pods.get_opt("old"))
+            .expect("get the root pod")
+            .is_none()
     });
     attacker_creates(e, "old", "relaylet-leaf-1", &[]);
     assert_refused(
@@ -404,21 +405,12 @@ fn a_namespace_map_is_the_administrators_and_unmapped_namespaces_are_refused() {
             .unwrap();
     });
     // The Secret is watched: wait until the map is in force.
-    let mut last = String::new();
-    for _ in 0..600 {
-        let (ok, stdout, stderr) = attacker_execs(e, "1.35", "mapped");
-        if ok {
-            assert_eq!(stdout.trim(), "WHO=tenant-a/mapped", "{stderr}");
-            last.clear();
-            break;
-        }
-        last = stderr;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(
-        last.is_empty(),
-        "the mapped pod never became reachable: {last}"
-    );
+    let mut last = (false, String::new(), String::new());
+    wait_until("the mapped pod becomes reachable", HANG, || {
+        last = attacker_execs(e, "1.35", "mapped");
+        last.0
+    });
+    assert_eq!(last.1.trim(), "WHO=tenant-a/mapped", "{}", last.2);
 
     let admin = &e.kubeconfig;
     let k = kubectl("1.27");
