@@ -76,23 +76,19 @@ fn a_killed_relaylet_reads_as_success_to_every_kubectl() {
     // over); from then on every session the root apiserver opens reaches the other process.
     e.sandbox.shutdown.begin.cancel();
     let k = relaylet_sim::tools::kubectl("1.35").expect("kubectl 1.35");
-    let deadline = std::time::Instant::now() + WITHIN;
-    loop {
-        let out = Run::new(
-            &k,
-            &e.kubeconfig,
-            &["exec", "demo-1", "--", "echo", "served"],
-        )
-        .output();
-        if String::from_utf8_lossy(&out.stdout) == "served\n" {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the relaylet process serves the virtual nodes"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    support::wait_until(
+        "the relaylet process serves the virtual nodes",
+        WITHIN,
+        || {
+            let out = Run::new(
+                &k,
+                &e.kubeconfig,
+                &["exec", "demo-1", "--", "echo", "served"],
+            )
+            .output();
+            String::from_utf8_lossy(&out.stdout) == "served\n"
+        },
+    );
 
     let script = "while true; do echo tick; sleep 0.2; done";
     let kubectls: Vec<Background> = kubectl_variants()
