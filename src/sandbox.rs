@@ -195,7 +195,8 @@ impl Sandbox {
         write_private(&cert_path, &serving.cert_pem)?;
         write_private(&key_path, &serving.key_pem)?;
 
-        let port = free_port()?;
+        // A number, not port 0: see relaylet_sim::ports.
+        let port = relaylet_sim::ports::free_loopback_port()?.port();
         let mut env: BTreeMap<String, String> = BTreeMap::from([
             ("LEAF_NODE_IP".into(), "127.0.0.1".into()),
             ("NODE_SERVER_PORT".into(), port.to_string()),
@@ -211,8 +212,9 @@ impl Sandbox {
             ),
             ("POD_NAME".into(), "relaylet-0".into()),
             ("POD_NAMESPACE".into(), RELAYLET_NAMESPACE.into()),
-            // A free loopback port: several sandboxes (tests) may run at once.
-            ("METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()?)),
+            // Port 0: several sandboxes (tests) may run at once; relaylet reports the bound
+            // address (`Running::metrics_addr`).
+            ("METRICS_ADDR".into(), "127.0.0.1:0".into()),
         ]);
         env.extend(settings.env.clone());
         let config = Config::from_lookup(|name| env.get(name).cloned())?;
@@ -561,10 +563,4 @@ fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     file.write_all(contents.as_bytes())?;
     Ok(())
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
-        .local_addr()?
-        .port())
 }

@@ -12,9 +12,13 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Installs the linters once (idempotent, so parallel tests may both call it) and returns the
-/// path of `tool`.
+/// Installs the linters once and returns the path of `tool`. The script is idempotent but not
+/// safe to run twice at once (both write `target/tools/*.tmp`; a fresh checkout's first run
+/// failed with "chmod: cannot access .../hadolint.tmp"), so the tests of this binary take
+/// turns.
 fn lint_tool(tool: &str) -> PathBuf {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     let path = repo().join("target/tools").join(tool);
     if !path.exists() {
         let out = Command::new("bash")

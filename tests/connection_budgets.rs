@@ -54,35 +54,81 @@ async fn tls_from(e: &Env, from: &str, identity: Option<&Identity>) -> TlsStream
         .unwrap()
 }
 
+/// Only turns a hang into a failure; nothing is measured against it.
+const HANG: Duration = Duration::from_secs(60);
+
 /// Sends a keep-alive GET of `path` and returns the status line.
 async fn get<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     conn: &mut S,
     path: &str,
 ) -> String {
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(20), conn.read(&mut buf))
-        .await
-        .expect("an answer")
-        .unwrap_or(0);
-    String::from_utf8_lossy(&buf[..n])
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_string()
+    answer(conn, path).await.0
 }
 
-/// Waits until the server closes `conn` (a read returns EOF or fails); a guard deadline fails
-/// the test.
-async fn closed_by_server(conn: &mut TcpStream, within: Duration) {
+/// Sends a keep-alive GET of `path`; the status line and the body (read to its
+/// Content-Length).
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    conn: &mut S,
+    path: &str,
+) -> (String, String) {
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n\r\n").as_bytes())
+        .await
+        .expect("send the request");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(HANG, conn.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap_or(0);
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_string())
+                })
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if body.len() >= length || n == 0 {
+                let status = head.lines().next().unwrap_or("").to_string();
+                return (status, body.to_string());
+            }
+        }
+        assert!(n > 0, "closed before a complete answer: {text:?}");
+    }
+}
+
+/// The `(code, reason, message)` of a Status body.
+fn status_of(body: &str) -> (u64, String, String) {
+    let status: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|err| panic!("a Status: {err}: {body}"));
+    (
+        status["code"].as_u64().unwrap_or(0),
+        status["reason"].as_str().unwrap_or("").to_string(),
+        status["message"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// Waits until the server closes `conn` (a read returns EOF or fails); the bound only turns
+/// a hang into a failure.
+async fn closed_by_server(conn: &mut TcpStream) {
     let mut buf = [0u8; 64];
-    match tokio::time::timeout(within, conn.read(&mut buf)).await {
+    match tokio::time::timeout(HANG, conn.read(&mut buf)).await {
         Ok(Ok(0)) | Ok(Err(_)) => {}
         Ok(Ok(n)) => panic!("expected a close, got {n} bytes"),
-        Err(_) => panic!("the server kept an idle connection open for {within:?}"),
+        Err(_) => panic!("the server kept an idle connection open for {HANG:?}"),
     }
+}
+
+/// Whether `conn` is still open with nothing to read (the server has neither closed it nor
+/// answered on it).
+fn still_open(conn: &TcpStream) -> bool {
+    let mut buf = [0u8; 1];
+    matches!(conn.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 #[test]
@@ -123,11 +169,27 @@ fn certificate_less_connections_keep_half_the_budget_free() {
         for _ in 0..20 {
             let mut tls = tls_from(e, "127.0.0.4", None).await;
             // Served (a stranger has no credentials: 401), or refused for the cap (503).
-            let answer = get(&mut tls, "/healthz").await;
-            if answer.starts_with("HTTP/1.1 503") {
+            let (line, body) = answer(&mut tls, "/healthz").await;
+            if line == "HTTP/1.1 503 Service Unavailable" {
+                assert_eq!(
+                    status_of(&body),
+                    (
+                        503,
+                        "ServiceUnavailable".to_string(),
+                        "relaylet is serving its maximum of 12 connections without a client certificate (half of MAX_CONNECTIONS); try again later".to_string()
+                    )
+                );
                 refused += 1;
             } else {
-                assert_eq!(answer, "HTTP/1.1 401 Unauthorized");
+                assert_eq!(line, "HTTP/1.1 401 Unauthorized", "{body}");
+                assert_eq!(
+                    status_of(&body),
+                    (
+                        401,
+                        "Unauthorized".to_string(),
+                        "no credentials: present a client certificate signed by the root cluster's client CA or a bearer token".to_string()
+                    )
+                );
                 strangers.push(tls);
             }
         }
@@ -150,14 +212,21 @@ fn the_metrics_port_has_its_own_small_budget_and_cuts_idle_clients() {
     let _serial = serial();
     let e = env(settings);
     RT.block_on(async {
-        let metrics = e.sandbox.config.metrics_addr;
+        let metrics = e.sandbox.relaylet.metrics_addr;
         // 100 idle connections from one address: all but 16 are closed at once ...
         let mut idle = Vec::new();
         for _ in 0..100 {
             idle.push(tcp_from("127.0.0.5", metrics).await);
         }
         for conn in &mut idle[16..] {
-            closed_by_server(conn, Duration::from_secs(5)).await;
+            closed_by_server(conn).await;
+        }
+        // (at once: before the 16 let in, which wait for the request timeout, are cut)
+        for (i, conn) in idle[..16].iter().enumerate() {
+            assert!(
+                still_open(conn),
+                "admitted connection {i} closed with the refused ones"
+            );
         }
         // ... the kubelet's probe from another address is answered meanwhile ...
         let mut probe = tcp_from("127.0.0.1", metrics).await;
@@ -165,8 +234,8 @@ fn the_metrics_port_has_its_own_small_budget_and_cuts_idle_clients() {
         // ... and the 16 that were let in are cut for sending no request in time, as is a
         // kept-alive connection that sends no next request.
         for conn in &mut idle[..16] {
-            closed_by_server(conn, Duration::from_secs(30)).await;
+            closed_by_server(conn).await;
         }
-        closed_by_server(&mut probe, Duration::from_secs(30)).await;
+        closed_by_server(&mut probe).await;
     });
 }

@@ -52,12 +52,8 @@ fn sessions_total(e: &Env, leaf: &str, result: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + WITHIN;
-    while !check() {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_for(what: &str, check: impl FnMut() -> bool) {
+    support::wait_until(what, WITHIN, check);
 }
 
 /// Starts `kubectl exec <pod> -- sh -c <script>` in every variant.

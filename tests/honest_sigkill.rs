@@ -12,7 +12,6 @@
 
 mod support;
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -21,14 +20,6 @@ use relaylet_sim::channel::Protocol;
 use support::{Background, RT, Run, env, kubectl_variants, ws_exec};
 
 const WITHIN: Duration = Duration::from_secs(60);
-
-fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
-        .expect("a free port")
-        .local_addr()
-        .expect("its address")
-        .port()
-}
 
 /// Kills the replica if the test ends early.
 struct Replica(Child);
@@ -57,14 +48,22 @@ fn a_killed_relaylet_reads_as_success_to_every_kubectl() {
         .env_clear()
         .env("KUBECONFIG", &kubeconfig)
         .env("LEAF_NODE_IP", "127.0.0.1")
-        .env("NODE_SERVER_PORT", free_port().to_string())
+        // A process told its port by number (NODE_SERVER_PORT must be 1-65535): see
+        // relaylet_sim::ports.
+        .env(
+            "NODE_SERVER_PORT",
+            relaylet_sim::ports::free_loopback_port()
+                .expect("a free port")
+                .port()
+                .to_string(),
+        )
         .env("PREFERRED-ADDRESS-TYPE", "InternalDNS")
         .env("AUTH_MODE", "webhook")
         .env("APISERVER_CERT_LOCATION", files.join("tls.crt"))
         .env("APISERVER_KEY_LOCATION", files.join("tls.key"))
         .env("POD_NAME", "relaylet-killed")
         .env("POD_NAMESPACE", RELAYLET_NAMESPACE)
-        .env("METRICS_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("METRICS_ADDR", "127.0.0.1:0")
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -77,23 +76,19 @@ fn a_killed_relaylet_reads_as_success_to_every_kubectl() {
     // over); from then on every session the root apiserver opens reaches the other process.
     e.sandbox.shutdown.begin.cancel();
     let k = relaylet_sim::tools::kubectl("1.35").expect("kubectl 1.35");
-    let deadline = std::time::Instant::now() + WITHIN;
-    loop {
-        let out = Run::new(
-            &k,
-            &e.kubeconfig,
-            &["exec", "demo-1", "--", "echo", "served"],
-        )
-        .output();
-        if String::from_utf8_lossy(&out.stdout) == "served\n" {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the relaylet process serves the virtual nodes"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    support::wait_until(
+        "the relaylet process serves the virtual nodes",
+        WITHIN,
+        || {
+            let out = Run::new(
+                &k,
+                &e.kubeconfig,
+                &["exec", "demo-1", "--", "echo", "served"],
+            )
+            .output();
+            String::from_utf8_lossy(&out.stdout) == "served\n"
+        },
+    );
 
     let script = "while true; do echo tick; sleep 0.2; done";
     let kubectls: Vec<Background> = kubectl_variants()

@@ -14,7 +14,10 @@ use metrics_support::{count, histogram_count, http_get, https_get, parse, value}
 use relaylet::config::LogFormat;
 use relaylet::sandbox::Settings;
 use relaylet_sim::apiserver::auth::UserInfo;
-use support::{RT, Run, describe, env, text};
+use support::{RT, Run, describe, env, text, wait_until};
+
+/// Only turns a hang into a failure; nothing is measured against it.
+const HANG: Duration = Duration::from_secs(60);
 
 const TOKEN: &str = "s3cret-token-for-the-log-test-7f3a9c";
 const TOKEN_USER: &str = "token-user";
@@ -117,15 +120,11 @@ fn sessions_move_the_counters_and_log_one_line_at_each_end() {
     // The session end is recorded when relaylet's side of the splice finishes, a moment after
     // kubectl has its answer.
     let mut after = scrape();
-    for _ in 0..50 {
-        if count(&after, "relaylet_sessions_active", &exec) == 0.0
-            && count(&after, "relaylet_sessions_active", &logs) == 0.0
-        {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    wait_until("both sessions end", HANG, || {
         after = scrape();
-    }
+        count(&after, "relaylet_sessions_active", &exec) == 0.0
+            && count(&after, "relaylet_sessions_active", &logs) == 0.0
+    });
     let delta = |name: &str, labels: &[(&str, &str)]| {
         count(&after, name, labels) - count(&before, name, labels)
     };
@@ -246,21 +245,19 @@ fn a_token_caller_is_logged_by_name_and_the_token_never() {
     ));
     assert_eq!(got.status, 200, "{}", got.body);
     assert!(got.body.contains("demo-1 tick"), "{}", got.body);
-    let mut ended = false;
-    for _ in 0..50 {
-        ended = log_lines().iter().any(|l| {
-            l["event"] == "session_end"
-                && l["user"] == TOKEN_USER
-                && l["verb"] == "containerLogs"
-                && l["pod"] == "demo-1"
-                && l["result"] == "completed"
-        });
-        if ended {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(ended, "no session_end line for {TOKEN_USER}");
+    wait_until(
+        &format!("a session_end line for {TOKEN_USER}"),
+        HANG,
+        || {
+            log_lines().iter().any(|l| {
+                l["event"] == "session_end"
+                    && l["user"] == TOKEN_USER
+                    && l["verb"] == "containerLogs"
+                    && l["pod"] == "demo-1"
+                    && l["result"] == "completed"
+            })
+        },
+    );
     let all = text(&captured().0.lock().unwrap());
     assert!(!all.contains(TOKEN), "the token leaked into the log");
     assert!(!all.to_ascii_lowercase().contains("authorization"));
@@ -316,26 +313,19 @@ fn kubelet_port_metrics_need_nodes_metrics_and_health_answers() {
     assert_eq!(RT.block_on(http_get(metrics, "/livez")).status, 200);
     assert_eq!(RT.block_on(http_get(metrics, "/healthz")).status, 200);
     let mut ready = RT.block_on(http_get(metrics, "/readyz"));
-    for _ in 0..100 {
-        if ready.status == 200 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    wait_until("ready", HANG, || {
         ready = RT.block_on(http_get(metrics, "/readyz"));
-    }
-    assert_eq!(ready.status, 200, "{}", ready.body);
+        ready.status == 200
+    });
+    assert_eq!(ready.body, "ok");
     // Ready needs one reachable leaf; the probe (every 5 s) may not have reported both yet.
     let mut s = scrape();
-    for _ in 0..100 {
-        let both = ["leaf-1", "leaf-2"]
-            .iter()
-            .all(|leaf| value(&s, "relaylet_leaf_reachable", &[("leaf", leaf)]).is_some());
-        if both {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    wait_until("the probe reports both leaves", HANG, || {
         s = scrape();
-    }
+        ["leaf-1", "leaf-2"]
+            .iter()
+            .all(|leaf| value(&s, "relaylet_leaf_reachable", &[("leaf", leaf)]).is_some())
+    });
     assert_eq!(value(&s, "relaylet_leader", &[]), Some(1.0));
     assert_eq!(value(&s, "relaylet_root_reachable", &[]), Some(1.0));
     assert_eq!(

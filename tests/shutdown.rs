@@ -5,16 +5,21 @@
 
 mod support;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use relaylet::sandbox::{RELAYLET_NAMESPACE, RELAYLET_ROOT_USER, Settings};
 use relaylet::shutdown::Shutdown;
-use support::{RT, Run, env, text};
+use support::{RT, Run, env, text, wait_exit, wait_until};
 
-const GRACE: Duration = Duration::from_secs(6);
+/// Short, so the test ends soon after the long session is cut; the short session needs none of
+/// it (it ends on a line written to its stdin, not after some time).
+const GRACE: Duration = Duration::from_secs(4);
+
+/// Only turns a hang into a failure; nothing is measured against it.
+const HANG: Duration = Duration::from_secs(60);
 
 fn settings() -> Settings {
     let mut s = Settings::default();
@@ -25,53 +30,65 @@ fn settings() -> Settings {
     s
 }
 
+/// kubectl with its stdin a pipe the test holds.
 fn spawn(run: Run<'_>) -> Child {
     let mut cmd = run.command();
-    cmd.stdin(Stdio::null())
+    cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd.spawn().expect("kubectl starts")
 }
 
-/// Waits up to `within` for `child` to exit; its exit code and output.
-fn finish(mut child: Child, within: Duration) -> (Option<i32>, String, String, Duration) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let mut out = String::new();
-            let mut err = String::new();
-            if let Some(mut o) = child.stdout.take() {
-                let _ = o.read_to_string(&mut out);
-            }
-            if let Some(mut e) = child.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            return (status.code(), out, err, start.elapsed());
-        }
-        if start.elapsed() > within {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("kubectl still running after {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Waits for `child` to exit; its exit code and output.
+fn finish(mut child: Child) -> (Option<i32>, String, String) {
+    let (mut o, mut e) = (
+        child.stdout.take().expect("stdout"),
+        child.stderr.take().expect("stderr"),
+    );
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = o.read_to_string(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = e.read_to_string(&mut text);
+        text
+    });
+    let status = wait_exit(child, HANG).expect("kubectl exits");
+    (
+        status.code(),
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
 }
 
-fn wait_for(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < within, "{what} within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
+/// The holders the leader Lease had in the root's changes after revision `since`, in order
+/// (`None`: released).
+fn lease_holders(sb: &relaylet::sandbox::Sandbox, since: u64) -> Vec<Option<String>> {
+    let (events, _) = sb
+        .root
+        .api
+        .store()
+        .events_since(since)
+        .expect("the root keeps its history");
+    events
+        .iter()
+        .filter(|e| {
+            e.key.resource == "leases"
+                && e.key.namespace == RELAYLET_NAMESPACE
+                && e.key.name == relaylet::LEADER_LEASE
+        })
+        .map(|e| {
+            let lease: Lease =
+                serde_json::from_value((*e.object).clone()).expect("a Lease in the store");
+            lease.spec.and_then(|s| s.holder_identity)
+        })
+        .collect()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+fn metrics(running: &relaylet::Running) -> String {
+    running.metrics.encode().unwrap_or_default()
 }
 
 #[test]
@@ -84,26 +101,53 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
         "the sandbox's relaylet leads"
     );
 
-    // A second replica, configured the same apart from its identity and ports.
+    // A second replica, configured the same apart from its identity and its listeners, which
+    // bind port 0 (`relaylet::start` reports the bound addresses).
     let mut config = sb.config.clone();
     config.pod_name = Some("relaylet-1".into());
-    config.node_server_port = free_port();
-    config.metrics_addr = "127.0.0.1:0".parse().unwrap();
+    config.node_server_port = 0;
+    config.metrics_addr = "127.0.0.1:0".parse().expect("address");
     let second_shutdown = Shutdown::default();
+    let started_at = sb.root.api.store().revision();
     let second = RT.block_on(async {
         let root =
             relaylet::sandbox::kube_client(&sb.root.kubeconfig(RELAYLET_ROOT_USER, &[])?).await?;
         relaylet::start(config, root, second_shutdown.clone()).await
     });
     let second = second.expect("second replica starts");
-    std::thread::sleep(Duration::from_secs(3));
+    assert_ne!(second.addr, sb.relaylet.addr, "its own kubelet port");
+    // The leader renews twice with the second replica's election running beside it (a round
+    // every 2 s each): the second one has tried and not taken the Lease.
+    wait_until("the leader renews with two replicas", HANG, || {
+        lease_holders(sb, started_at)
+            .iter()
+            .filter(|h| h.as_deref() == Some("relaylet-0"))
+            .count()
+            >= 2
+    });
     assert!(!second.leadership.is_leader(), "only one leader");
+    assert!(
+        lease_holders(sb, started_at)
+            .iter()
+            .all(|h| h.as_deref() == Some("relaylet-0")),
+        "{:?}",
+        lease_holders(sb, started_at)
+    );
 
-    // Two sessions on the leader: one ends within the grace period, one would outlive it.
-    let short = spawn(Run::new(
+    // Two sessions on the leader: one ends when told to (a line on its stdin), the other
+    // would run long after the grace period.
+    let mut short = spawn(Run::new(
         &k,
         &e.kubeconfig,
-        &["exec", "demo-1", "--", "sh", "-c", "sleep 3; echo finished"],
+        &[
+            "exec",
+            "-i",
+            "demo-1",
+            "--",
+            "sh",
+            "-c",
+            "read line; echo finished $line",
+        ],
     ));
     let long = spawn(Run::new(
         &k,
@@ -117,52 +161,42 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
             "sleep 60; echo too-late",
         ],
     ));
-    wait_for("both sessions open", Duration::from_secs(10), || {
-        sb.relaylet
-            .metrics
-            .encode()
-            .unwrap_or_default()
-            .contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-1\"} 1")
-            && sb
-                .relaylet
-                .metrics
-                .encode()
-                .unwrap_or_default()
-                .contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-2\"} 1")
+    wait_until("both sessions open", HANG, || {
+        let m = metrics(&sb.relaylet);
+        m.contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-1\"} 1")
+            && m.contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-2\"} 1")
     });
 
     // SIGTERM.
-    let term = Instant::now();
+    let term_at = sb.root.api.store().revision();
     sb.shutdown.begin.cancel();
 
-    // Leadership moves at once: the leader releases its Lease, the other takes it on its next
-    // round (every 2 s), long before the Lease (10 s) could have expired.
-    let took_over = wait_for("the second replica leads", Duration::from_secs(5), || {
+    // Leadership moves at once: the leader releases its Lease (empty holder), and the other
+    // takes it on its next round, without waiting for the Lease (10 s) to expire.
+    wait_until("the second replica leads", HANG, || {
         second.leadership.is_leader()
     });
-    assert!(took_over < Duration::from_secs(5));
-    let lease: Lease = sb
-        .root
-        .api
-        .store()
-        .get_typed(RELAYLET_NAMESPACE, relaylet::LEADER_LEASE)
-        .expect("leader lease");
+    // Each holder once (renewals repeat it), from the old leader's last renewal on.
+    let mut holders = lease_holders(sb, term_at);
+    holders.dedup();
+    if holders.first() == Some(&Some("relaylet-0".to_string())) {
+        holders.remove(0);
+    }
     assert_eq!(
-        lease.spec.and_then(|s| s.holder_identity).as_deref(),
-        Some("relaylet-1")
+        holders,
+        [None, Some("relaylet-1".to_string())],
+        "released by the old leader, then taken by the other"
     );
     assert!(!sb.relaylet.leadership.is_leader());
-    wait_for("the leader gauges follow", Duration::from_secs(1), || {
-        let old = sb.relaylet.metrics.encode().unwrap_or_default();
-        let new = second.metrics.encode().unwrap_or_default();
-        old.contains("relaylet_leader 0\n") && new.contains("relaylet_leader 1\n")
+    wait_until("the leader gauges follow", HANG, || {
+        metrics(&sb.relaylet).contains("relaylet_leader 0\n")
+            && metrics(&second).contains("relaylet_leader 1\n")
     });
 
     // No new connections on the old leader, and it reports not ready.
-    assert!(
-        std::net::TcpStream::connect_timeout(&sb.relaylet.addr, Duration::from_secs(1)).is_err(),
-        "the old leader stopped accepting"
-    );
+    let refused = std::net::TcpStream::connect(sb.relaylet.addr)
+        .expect_err("the old leader stopped accepting");
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
     let ready = RT.block_on(async {
         let mut tcp = tokio::net::TcpStream::connect(sb.relaylet.metrics_addr).await?;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -178,31 +212,41 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
         "{ready:?}"
     );
 
-    // The short session finishes normally inside the grace period.
-    let (code, out, err, _) = finish(short, GRACE + Duration::from_secs(5));
+    // The short session still works after SIGTERM and finishes normally, while the long one
+    // is still open and the old server still draining: open sessions are not cut at SIGTERM.
+    short
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"now\n")
+        .expect("write to the short session");
+    let (code, out, err) = finish(short);
     assert_eq!(
         (code, out.as_str()),
-        (Some(0), "finished\n"),
+        (Some(0), "finished now\n"),
         "stderr: {err}"
     );
-    assert!(term.elapsed() < GRACE, "finished within the grace period");
+    let m = metrics(&sb.relaylet);
+    assert!(
+        m.contains("relaylet_sessions_total{kind=\"exec\",leaf=\"leaf-1\",result=\"completed\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-2\"} 1"),
+        "the long session is still open: {m}"
+    );
+    assert!(!sb.relaylet.server.is_finished(), "still draining");
 
-    // The long one is cut when the grace period ends, and kubectl says so.
-    let (code, out, err, _) = finish(long, GRACE + Duration::from_secs(10));
-    let cut_after = term.elapsed();
+    // The long one is cut when the grace period ends, and kubectl says so; the metric names
+    // the cause.
+    let (code, out, err) = finish(long);
     assert_ne!(code, Some(0), "a cut session is not a success: {out} {err}");
     assert!(err.contains("relaylet: shutting down"), "{err}");
     assert!(!out.contains("too-late"));
-    assert!(
-        cut_after >= GRACE,
-        "not cut before the grace period: {cut_after:?}"
-    );
-    wait_for(
-        "the old leader's server ends",
-        Duration::from_secs(5),
-        || sb.relaylet.server.is_finished(),
-    );
-    let text_metrics = sb.relaylet.metrics.encode().unwrap_or_default();
+    wait_until("the old leader's server ends", HANG, || {
+        sb.relaylet.server.is_finished()
+    });
+    let text_metrics = metrics(&sb.relaylet);
     assert!(
         text_metrics.contains(
             "relaylet_sessions_total{kind=\"exec\",leaf=\"leaf-2\",result=\"shutdown\"} 1"
@@ -211,19 +255,15 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
     );
 
     // The new leader points the virtual nodes at itself and serves them.
-    wait_for(
-        "exec works through the new leader",
-        Duration::from_secs(20),
-        || {
-            let out = Run::new(
-                &k,
-                &e.kubeconfig,
-                &["exec", "demo-1", "--", "echo", "again"],
-            )
-            .output();
-            text(&out.stdout) == "again\n"
-        },
-    );
+    wait_until("exec works through the new leader", HANG, || {
+        let out = Run::new(
+            &k,
+            &e.kubeconfig,
+            &["exec", "demo-1", "--", "echo", "again"],
+        )
+        .output();
+        text(&out.stdout) == "again\n"
+    });
 
     second_shutdown.begin.cancel();
     second_shutdown.sessions.cancel();

@@ -259,24 +259,22 @@ fn through_the_root_apiserver(t0: Timestamp) {
     let node = "relaylet-leaf-2";
     let own = e.sandbox.relaylet.node_ports.addr_of(node).unwrap();
     let store = e.sandbox.root.api.store();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let n: Node = store.get_typed("", node).unwrap();
-        let port = n
-            .status
-            .and_then(|s| s.daemon_endpoints)
-            .and_then(|d| d.kubelet_endpoint)
-            .map(|k| k.port);
-        if port == Some(i32::from(own.port())) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the controller writes the node's own port {} into daemonEndpoints, got {port:?}",
+    support::wait_until(
+        &format!(
+            "the controller writes the node's own port {} into daemonEndpoints",
             own.port()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+        ),
+        std::time::Duration::from_secs(60),
+        || {
+            let n: Node = store.get_typed("", node).expect("the virtual node");
+            let port = n
+                .status
+                .and_then(|s| s.daemon_endpoints)
+                .and_then(|d| d.kubelet_endpoint)
+                .map(|k| k.port);
+            port == Some(i32::from(own.port()))
+        },
+    );
     let k = relaylet_sim::tools::kubectl("1.35").expect("kubectl 1.35");
     let raw = |path: &str| {
         let out = Run::new(

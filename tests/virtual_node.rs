@@ -26,27 +26,79 @@ use relaylet_sim::apiserver::{ApiServer, ApiServerConfig, Store};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
-use tokio::time::Instant;
 
 const NAMESPACE: &str = "relaylet-system";
 const LEAF: &str = "leaf-a";
 const NODE: &str = "relaylet-leaf-a";
 
-/// Polls `check` every 50 ms until it yields a value or `within` passes; returns the value and
-/// how long it took.
-async fn wait_for<T>(
-    what: &str,
-    within: Duration,
-    mut check: impl FnMut() -> Option<T>,
-) -> (T, Duration) {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return (value, start.elapsed());
+/// Only turns a hang into a failure; nothing is measured against it.
+const HANG: Duration = Duration::from_secs(60);
+
+/// Checks `check` until it yields a value (the store has no per-object notification the
+/// tests could wait on); the value. `HANG` only turns a hang into a failure.
+async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let poll = async {
+        loop {
+            if let Some(value) = check() {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(start.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    tokio::time::timeout(HANG, poll)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {HANG:?}"))
+}
+
+/// The revisions at which object `name` of `resource` was written since revision `since`.
+fn write_revisions(store: &Store, since: u64, resource: &str, name: &str) -> Vec<u64> {
+    let (events, _) = store
+        .events_since(since)
+        .unwrap_or_else(|e| panic!("history since {since}: {e:?}"));
+    events
+        .iter()
+        .filter(|e| e.key.resource == resource && e.key.name == name)
+        .map(|e| e.rv)
+        .collect()
+}
+
+/// Every version of `name` of `resource` written since revision `since`, in order.
+fn versions_since<K: serde::de::DeserializeOwned>(
+    store: &Store,
+    since: u64,
+    resource: &str,
+    name: &str,
+) -> Vec<K> {
+    let (events, _) = store
+        .events_since(since)
+        .unwrap_or_else(|e| panic!("history since {since}: {e:?}"));
+    events
+        .iter()
+        .filter(|e| e.key.resource == resource && e.key.name == name)
+        .filter_map(|e| serde_json::from_value((*e.object).clone()).ok())
+        .collect()
+}
+
+/// The holders of the leader Lease since revision `since`, each once, in order (`None`:
+/// released).
+fn leader_holders_since(store: &Store, since: u64) -> Vec<Option<String>> {
+    let mut holders: Vec<Option<String>> =
+        versions_since::<Lease>(store, since, "leases", relaylet::LEADER_LEASE)
+            .into_iter()
+            .map(|l| l.spec.and_then(|s| s.holder_identity))
+            .collect();
+    holders.dedup();
+    holders
+}
+
+/// Waits until the leader Lease has been renewed `times` times after revision `since`: every
+/// replica's election (a round every 2 s) has run meanwhile.
+async fn leader_renewed(store: &Store, since: u64, times: usize) {
+    wait_for("leader Lease renewals", || {
+        (write_revisions(store, since, "leases", relaylet::LEADER_LEASE).len() >= times)
+            .then_some(())
+    })
+    .await;
 }
 
 fn node_of(store: &Store) -> Option<Node> {
@@ -196,9 +248,10 @@ fn leaf_secret(leaf: &Cluster) -> Secret {
     }
 }
 
+/// A port number for `NODE_SERVER_PORT`, which must be 1-65535 and which the Node names until
+/// the node's own listener is bound (so not port 0): see relaylet_sim::ports.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
+    relaylet_sim::ports::free_loopback_port()
         .expect("free port")
         .port()
 }
@@ -299,22 +352,14 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         let leaf = leaf_with_node().await;
         let port = free_port();
         let mut replica = Replica::start(&root, "relaylet-0", "127.0.0.1", port, &[]).await;
-        wait_for("leadership", Duration::from_secs(5), || {
-            replica.is_leader().then_some(())
-        })
-        .await;
+        wait_for("leadership", || replica.is_leader().then_some(())).await;
         let store = root.api.store().clone();
 
-        // Registering the leaf: the Node appears within 2 s of the Secret.
+        // Registering the leaf: the Node appears.
         let before_secret = store.revision();
         store.create_typed(&leaf_secret(&leaf)).expect("secret");
-        let (_, appeared) =
-            wait_for("node appears", Duration::from_secs(2), || node_of(&store)).await;
-        let (node, ready_after) = wait_for("node Ready", Duration::from_secs(10), || {
-            node_of(&store).filter(is_ready)
-        })
-        .await;
-        eprintln!("node appeared {appeared:?} after the Secret, Ready {ready_after:?} later");
+        wait_for("node appears", || node_of(&store)).await;
+        let node = wait_for("node Ready", || node_of(&store).filter(is_ready)).await;
         assert_eq!(ready(&node).map(|r| r.1).as_deref(), Some("LeafReady"));
         // The very first status already says Ready: a healthy leaf is not shown NotReady
         // while relaylet's leaf watches are still listing.
@@ -347,19 +392,15 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
             (i32::from(port)..=i32::from(port) + 1000).contains(&port_written),
             "{port_written}"
         );
-        let (own, _) = wait_for("the node's own port", Duration::from_secs(5), || {
+        let own = wait_for("the node's own port", || {
             replica.running.node_ports.addr_of(NODE)
         })
         .await;
-        wait_for(
-            "the Node names its own port",
-            Duration::from_secs(5),
-            || {
-                node_of(&store)
-                    .and_then(|n| n.status?.daemon_endpoints?.kubelet_endpoint)
-                    .filter(|e| e.port == i32::from(own.port()))
-            },
-        )
+        wait_for("the Node names its own port", || {
+            node_of(&store)
+                .and_then(|n| n.status?.daemon_endpoints?.kubelet_endpoint)
+                .filter(|e| e.port == i32::from(own.port()))
+        })
         .await;
         let labels = node.metadata.labels.clone().unwrap_or_default();
         assert_eq!(
@@ -371,7 +412,7 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         assert_eq!(allocatable(&node, "pods").as_deref(), Some("110"));
 
         // The node Lease: held for the Node, owned by it, 40 s.
-        let (lease, _) = wait_for("node lease", Duration::from_secs(5), || lease_of(&store)).await;
+        let lease = wait_for("node lease", || lease_of(&store)).await;
         let spec = lease.spec.clone().expect("lease spec");
         assert_eq!(spec.holder_identity.as_deref(), Some(NODE));
         assert_eq!(spec.lease_duration_seconds, Some(40));
@@ -383,42 +424,27 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         );
         assert_eq!(Some(&owners[0].uid), node.metadata.uid.as_ref());
 
-        // Watch the Lease's renewals while the leaf changes.
-        let lease_store = store.clone();
-        let renewals = tokio::spawn(async move {
-            let mut seen: Vec<Timestamp> = Vec::new();
-            let until = Instant::now() + Duration::from_secs(24);
-            while Instant::now() < until {
-                if let Some(t) = lease_of(&lease_store).as_ref().and_then(renew_time)
-                    && seen.last() != Some(&t)
-                {
-                    seen.push(t);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            seen
-        });
+        // The Lease's renewals while the leaf changes, read from the root's history.
+        let renewals_from = store.revision();
 
         // A new leaf node adds its allocatable.
         leaf.api
             .store()
             .create_typed(&leaf_node("b", "10.0.0.2", "2", "4Gi"))
             .expect("second leaf node");
-        let (_, took) = wait_for("capacity with node b", Duration::from_secs(10), || {
+        wait_for("capacity with node b", || {
             node_of(&store).filter(|n| allocatable(n, "cpu").as_deref() == Some("6"))
         })
         .await;
-        eprintln!("allocatable followed a new leaf node in {took:?}");
         // A leaf-local pod's requests are taken off.
         leaf.api
             .store()
             .create_typed(&leaf_local_pod("local", "a", "500m", "1Gi"))
             .expect("leaf pod");
-        let (node, took) = wait_for("capacity minus the pod", Duration::from_secs(10), || {
+        let node = wait_for("capacity minus the pod", || {
             node_of(&store).filter(|n| allocatable(n, "cpu").as_deref() == Some("5500m"))
         })
         .await;
-        eprintln!("allocatable followed a leaf-local pod in {took:?}");
         assert_eq!(
             allocatable(&node, "memory"),
             Some((11u64 << 30).to_string())
@@ -428,7 +454,7 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         assert_eq!(addresses.len(), 3, "{addresses:?}");
 
         // The Ready message counts Ready leaf nodes; it catches up at the next health probe.
-        wait_for("probe sees both nodes", Duration::from_secs(12), || {
+        wait_for("probe sees both nodes", || {
             node_of(&store).filter(|n| {
                 n.status
                     .as_ref()
@@ -439,28 +465,41 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
             })
         })
         .await;
-        // No write storm: over a quiet 10 s the Node is written at most once (a heartbeat),
-        // and the Lease once per renewal.
+        // No write storm: between two renewals of the node Lease (a renewal period, 10 s,
+        // delimited by relaylet's own writes rather than the test's clock) the Node is written
+        // at most once (a heartbeat) and the Lease only by that renewal.
         let since = store.revision();
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        let node_writes = writes_since(&store, since, "nodes", NODE);
-        let lease_writes = writes_since(&store, since, "leases", NODE);
-        eprintln!("quiet 10 s: {node_writes} node writes, {lease_writes} lease writes");
+        let renewals = wait_for("two node Lease renewals", || {
+            let r = write_revisions(&store, since, "leases", NODE);
+            (r.len() >= 2).then_some(r)
+        })
+        .await;
+        let (first, second) = (renewals[0], renewals[1]);
+        let in_window = |resource: &str| {
+            write_revisions(&store, first, resource, NODE)
+                .into_iter()
+                .filter(|rv| *rv <= second)
+                .count()
+        };
+        let node_writes = in_window("nodes");
         assert!(
             node_writes <= 1,
-            "{node_writes} node writes in a quiet 10 s"
+            "{node_writes} node writes between two Lease renewals"
         );
-        assert!(
-            (1..=2).contains(&lease_writes),
-            "{lease_writes} lease writes in 10 s"
-        );
+        assert_eq!(in_window("leases"), 1, "the Lease is written only to renew");
 
-        let seen = renewals.await.expect("lease observer");
-        assert!(
-            seen.len() >= 3,
-            "lease renewed only {} times in 24 s: {seen:?}",
-            seen.len()
-        );
+        // At least three renewals, each about 10 s after the one before by the renewTimes
+        // relaylet itself wrote.
+        let seen = wait_for("three node Lease renewals", || {
+            let mut seen: Vec<Timestamp> =
+                versions_since::<Lease>(&store, renewals_from, "leases", NODE)
+                    .iter()
+                    .filter_map(renew_time)
+                    .collect();
+            seen.dedup();
+            (seen.len() >= 3).then_some(seen)
+        })
+        .await;
         for pair in seen.windows(2) {
             let gap = pair[1].duration_since(pair[0]).as_secs_f64();
             assert!(
@@ -475,11 +514,9 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         let restarted = store.revision();
         let renewed_before = lease_of(&store).as_ref().and_then(renew_time);
         replica = Replica::start(&root, "relaylet-0", "127.0.0.1", port, &[]).await;
-        wait_for(
-            "the restarted relaylet renews the lease",
-            Duration::from_secs(10),
-            || (lease_of(&store).as_ref().and_then(renew_time) > renewed_before).then_some(()),
-        )
+        wait_for("the restarted relaylet renews the lease", || {
+            (lease_of(&store).as_ref().and_then(renew_time) > renewed_before).then_some(())
+        })
         .await;
         assert_eq!(
             not_ready_writes_since(&store, restarted),
@@ -490,11 +527,10 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         store
             .delete_typed::<Secret>(NAMESPACE, &format!("leaf-{LEAF}"))
             .expect("secret deleted");
-        let (_, took) = wait_for("node and lease gone", Duration::from_secs(5), || {
+        wait_for("node and lease gone", || {
             (node_of(&store).is_none() && lease_of(&store).is_none()).then_some(())
         })
         .await;
-        eprintln!("node and lease removed {took:?} after the Secret");
         drop(replica);
     })
     .await
@@ -516,36 +552,22 @@ async fn leaf_outage_makes_the_node_not_ready_until_it_returns_and_shutdown_stop
         .await;
         let store = root.api.store().clone();
         store.create_typed(&leaf_secret(&leaf)).expect("secret");
-        wait_for("node Ready", Duration::from_secs(10), || {
-            node_of(&store).filter(is_ready)
-        })
-        .await;
+        wait_for("node Ready", || node_of(&store).filter(is_ready)).await;
 
         // The leaf apiserver goes away.
         let leaf_addr = leaf.api.addr;
         let leaf_store = leaf.api.store().clone();
-        let down_at = Timestamp::now();
         leaf.api.stop();
-        let (node, not_ready_after) = wait_for("Ready=False", Duration::from_secs(60), || {
-            node_of(&store).filter(|n| !is_ready(n))
-        })
-        .await;
-        eprintln!("Ready=False {not_ready_after:?} after the leaf apiserver stopped");
+        let node = wait_for("Ready=False", || node_of(&store).filter(|n| !is_ready(n))).await;
         assert_eq!(
             ready(&node),
             Some(("False".to_string(), "LeafUnreachable".to_string()))
         );
         // relaylet itself is alive, so the node Lease is still renewed during the outage.
-        wait_for(
-            "lease renewed during the outage",
-            Duration::from_secs(12),
-            || {
-                lease_of(&store)
-                    .as_ref()
-                    .and_then(renew_time)
-                    .filter(|t| *t > down_at)
-            },
-        )
+        let outage = store.revision();
+        wait_for("lease renewed during the outage", || {
+            (!write_revisions(&store, outage, "leases", NODE).is_empty()).then_some(())
+        })
         .await;
 
         // It comes back on the same address with its data.
@@ -554,29 +576,28 @@ async fn leaf_outage_makes_the_node_not_ready_until_it_returns_and_shutdown_stop
         leaf.api = ApiServer::start_with_store(config, leaf_store)
             .await
             .expect("leaf apiserver restarts");
-        let (node, ready_after) = wait_for("Ready again", Duration::from_secs(30), || {
-            node_of(&store).filter(is_ready)
-        })
-        .await;
-        eprintln!("Ready=True {ready_after:?} after the leaf apiserver returned");
+        let node = wait_for("Ready again", || node_of(&store).filter(is_ready)).await;
         assert_eq!(ready(&node).map(|r| r.1).as_deref(), Some("LeafReady"));
         // The leaf watches reconnected: a node added after the restart is counted.
         leaf.api
             .store()
             .create_typed(&leaf_node("b", "10.0.0.2", "2", "4Gi"))
             .expect("second leaf node");
-        wait_for(
-            "capacity after the restart",
-            Duration::from_secs(10),
-            || node_of(&store).filter(|n| allocatable(n, "cpu").as_deref() == Some("6")),
-        )
+        wait_for("capacity after the restart", || {
+            node_of(&store).filter(|n| allocatable(n, "cpu").as_deref() == Some("6"))
+        })
         .await;
 
         // A stopped relaylet (here without leader election, so always "leader") writes
         // nothing more: its per-leaf loops end with it.
         replica.shutdown.begin.cancel();
         replica.shutdown.sessions.cancel();
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        wait_for("the stopped relaylet's server ends", || {
+            replica.running.server.is_finished().then_some(())
+        })
+        .await;
+        // Then nothing for longer than a Lease renewal period (10 s) and a status round (2 s):
+        // proving an absence takes waiting; nothing is measured against this sleep.
         let since = store.revision();
         tokio::time::sleep(Duration::from_secs(12)).await;
         let writes = writes_since(&store, since, "nodes", NODE)
@@ -598,21 +619,17 @@ async fn a_crashed_leader_is_replaced_without_the_node_going_not_ready() {
         let leaf = leaf_with_pod(&root).await;
         let port = free_port();
         let a = Replica::start(&root, "relaylet-a", "127.0.0.1", port, &[]).await;
-        wait_for("a leads", Duration::from_secs(5), || {
-            a.is_leader().then_some(())
-        })
-        .await;
+        wait_for("a leads", || a.is_leader().then_some(())).await;
+        // b on the same port number as a, on its own pod IP, as replicas of a Deployment.
         let b = Replica::start(&root, "relaylet-b", "127.0.0.2", port, &[]).await;
         let store = root.api.store().clone();
         store.create_typed(&leaf_secret(&leaf)).expect("secret");
-        wait_for("node Ready", Duration::from_secs(10), || {
-            node_of(&store).filter(is_ready)
-        })
-        .await;
+        wait_for("node Ready", || node_of(&store).filter(is_ready)).await;
 
-        // Only the leader writes: over a few seconds every version of the Node names a.
+        // Only the leader writes: while a renews the leader Lease twice (both elections run
+        // meanwhile), every version of the Node names a.
         let since = store.revision();
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        leader_renewed(&store, since, 2).await;
         assert!(a.is_leader() && !b.is_leader());
         let (events, _) = store.events_since(since).expect("history");
         for event in events.iter().filter(|e| e.key.resource == "nodes") {
@@ -629,51 +646,42 @@ async fn a_crashed_leader_is_replaced_without_the_node_going_not_ready() {
             Some("127.0.0.1")
         );
         // The root apiserver dials a (b listens on the same port, but on 127.0.0.2).
-        assert_eq!(
-            exec_through_the_root(&root, "a", Duration::from_secs(10)).await,
-            "via-a\n"
-        );
+        assert_eq!(exec_through_the_root(&root, "a").await, "via-a\n");
 
-        // Watch Ready and the node Lease's age through the handover.
-        let watch_store = store.clone();
-        let stop_watch = tokio_util::sync::CancellationToken::new();
-        let stop = stop_watch.clone();
-        let watcher = tokio::spawn(async move {
-            let mut not_ready = Vec::new();
-            let mut oldest_lease = Duration::ZERO;
-            while !stop.is_cancelled() {
-                if let Some(node) = node_of(&watch_store)
-                    && !is_ready(&node)
-                {
-                    not_ready.push(ready(&node));
-                }
-                if let Some(renewed) = lease_of(&watch_store).as_ref().and_then(renew_time) {
-                    let age = Timestamp::now().duration_since(renewed);
-                    let age = Duration::from_secs_f64(age.as_secs_f64().max(0.0));
-                    oldest_lease = oldest_lease.max(age);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            (not_ready, oldest_lease)
-        });
-
+        // Through the handover, from the root's history: every Node version Ready, and the
+        // node Lease never older than its 40 s by the renewTimes written.
+        let before_crash = store.revision();
+        let last_renewal = lease_of(&store)
+            .as_ref()
+            .and_then(renew_time)
+            .expect("a renewed node Lease");
         a.crash();
-        let (_, takeover) = wait_for("b rewrites the address", Duration::from_secs(15), || {
+        wait_for("b rewrites the address", || {
             node_of(&store).filter(|n| first_address(n).is_some_and(|(_, ip)| ip == "127.0.0.2"))
         })
         .await;
-        eprintln!("b took over the Node address {takeover:?} after a crashed");
         assert!(b.is_leader());
-        // b's first round also renews the node Lease; let the watcher see it.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        stop_watch.cancel();
-        let (not_ready, oldest_lease) = watcher.await.expect("watcher");
-        eprintln!("oldest node Lease during the handover: {oldest_lease:?}");
-        assert!(not_ready.is_empty(), "Node went NotReady: {not_ready:?}");
-        assert!(
-            oldest_lease < Duration::from_secs(40),
-            "node Lease aged {oldest_lease:?}"
+        // b's first round also renews the node Lease.
+        let took_over = store.revision();
+        wait_for("b renews the node Lease", || {
+            (!write_revisions(&store, took_over, "leases", NODE).is_empty()).then_some(())
+        })
+        .await;
+        assert_eq!(
+            not_ready_writes_since(&store, before_crash),
+            Vec::<String>::new(),
+            "Node went NotReady"
         );
+        let mut renewed: Vec<Timestamp> = vec![last_renewal];
+        renewed.extend(
+            versions_since::<Lease>(&store, before_crash, "leases", NODE)
+                .iter()
+                .filter_map(renew_time),
+        );
+        for pair in renewed.windows(2) {
+            let gap = pair[1].duration_since(pair[0]).as_secs_f64();
+            assert!(gap < 40.0, "node Lease aged {gap}s: {renewed:?}");
+        }
         let node = node_of(&store).expect("node");
         let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
         assert!(
@@ -683,28 +691,29 @@ async fn a_crashed_leader_is_replaced_without_the_node_going_not_ready() {
             "the dead leader's address stayed: {addresses:?}"
         );
         // The root now dials b: a's listener died with it.
-        assert_eq!(
-            exec_through_the_root(&root, "b", Duration::from_secs(5)).await,
-            "via-b\n"
-        );
+        assert_eq!(exec_through_the_root(&root, "b").await, "via-b\n");
 
         // A graceful stop releases leadership at once, so a successor need not wait for the
         // leader Lease to expire.
+        let c_started = store.revision();
         let c = Replica::start(&root, "relaylet-c", "127.0.0.3", port, &[]).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        leader_renewed(&store, c_started, 2).await;
         assert!(b.is_leader() && !c.is_leader());
+        let stopped = store.revision();
         b.shutdown.begin.cancel();
-        let (_, handover) = wait_for("c rewrites the address", Duration::from_secs(8), || {
+        wait_for("c rewrites the address", || {
             node_of(&store).filter(|n| first_address(n).is_some_and(|(_, ip)| ip == "127.0.0.3"))
         })
         .await;
-        eprintln!("c took over the Node address {handover:?} after b stopped gracefully");
+        // The cause: b released the leader Lease (empty holder) and c took it, not its expiry.
+        let mut holders = leader_holders_since(&store, stopped);
+        if holders.first() == Some(&Some("relaylet-b".to_string())) {
+            holders.remove(0);
+        }
+        assert_eq!(holders, [None, Some("relaylet-c".to_string())]);
         let node = node_of(&store).expect("node");
         assert!(is_ready(&node));
-        assert_eq!(
-            exec_through_the_root(&root, "c", Duration::from_secs(5)).await,
-            "via-c\n"
-        );
+        assert_eq!(exec_through_the_root(&root, "c").await, "via-c\n");
         drop(b);
         drop(c);
     })
@@ -762,17 +771,22 @@ async fn try_exec(root: &Cluster, word: &str) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// [`try_exec`], retried for up to `within` (the pod index or a new leader may need a moment).
-async fn exec_through_the_root(root: &Cluster, word: &str, within: Duration) -> String {
-    let deadline = Instant::now() + within;
-    loop {
-        match try_exec(root, word).await {
-            Ok(out) => return out,
-            Err(err) => {
-                assert!(Instant::now() < deadline, "exec through the root: {err:#}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+/// [`try_exec`], retried until it succeeds (the pod index or a new leader may need a
+/// moment); `HANG` only turns a hang into a failure.
+async fn exec_through_the_root(root: &Cluster, word: &str) -> String {
+    let mut last = None;
+    let tries = async {
+        loop {
+            match try_exec(root, word).await {
+                Ok(out) => return out,
+                Err(err) => last = Some(format!("{err:#}")),
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    };
+    match tokio::time::timeout(HANG, tries).await {
+        Ok(out) => out,
+        Err(_) => panic!("exec through the root: {last:?}"),
     }
 }
 
@@ -785,10 +799,7 @@ async fn exec_with_order(order: Option<&[&str]>) {
     let replica = Replica::start(&root, "relaylet-0", "127.0.0.2", free_port(), &[]).await;
     let store = root.api.store().clone();
     store.create_typed(&leaf_secret(&leaf)).expect("secret");
-    let (node, _) = wait_for("node Ready", Duration::from_secs(10), || {
-        node_of(&store).filter(is_ready)
-    })
-    .await;
+    let node = wait_for("node Ready", || node_of(&store).filter(is_ready)).await;
     let addresses = node
         .status
         .clone()
@@ -800,7 +811,7 @@ async fn exec_with_order(order: Option<&[&str]>) {
     );
     let labels = node.metadata.labels.clone().unwrap_or_default();
     assert!(!labels.contains_key("kubernetes.io/hostname"), "{labels:?}");
-    let out = exec_through_the_root(&root, "relaylet", Duration::from_secs(10)).await;
+    let out = exec_through_the_root(&root, "relaylet").await;
     assert_eq!(out, "via-relaylet\n");
 
     // The control: had the Node carried a `kubernetes.io/hostname` label, a Hostname-first
@@ -875,11 +886,9 @@ async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() 
         let store = root.api.store().clone();
         store.create_typed(&leaf_secret(&leaf)).expect("secret");
         let first = Replica::start(&root, "relaylet-0", "127.0.0.1", free_port(), &[]).await;
-        let (node, _) = wait_for(
-            "first install's node Ready",
-            Duration::from_secs(15),
-            || node_of(&store).filter(is_ready),
-        )
+        let node = wait_for("first install's node Ready", || {
+            node_of(&store).filter(is_ready)
+        })
         .await;
         let uid = node.metadata.uid.clone();
         assert_eq!(
@@ -914,18 +923,16 @@ async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() 
             ],
         )
         .await;
-        wait_for(
-            "the second install's orphan check",
-            Duration::from_secs(15),
-            || (counter(&second, "relaylet_orphan_checks_total") >= 1.0).then_some(()),
-        )
+        wait_for("the second install's orphan check", || {
+            (counter(&second, "relaylet_orphan_checks_total") >= 1.0).then_some(())
+        })
         .await;
         // Then a leaf of the same name in the second install: its Node name clashes, and it
         // says so instead of taking the Node over.
         let mut clash = leaf_secret(&leaf);
         clash.metadata.namespace = Some("second".into());
         store.create_typed(&clash).expect("second install's secret");
-        wait_for("the clash reported", Duration::from_secs(15), || {
+        wait_for("the clash reported", || {
             let refused = second
                 .running
                 .metrics
@@ -949,7 +956,8 @@ async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() 
     .expect("test timed out");
 }
 
-/// A Node deleted by hand is back at once, from the watch, not at the next heartbeat (60 s).
+/// A Node deleted by hand is back at once, from the watch, not at the next heartbeat (60 s):
+/// before the node Lease's next renewal (every 10 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_virtual_node_is_restored_from_the_watch() {
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -958,16 +966,36 @@ async fn a_deleted_virtual_node_is_restored_from_the_watch() {
         let store = root.api.store().clone();
         store.create_typed(&leaf_secret(&leaf)).expect("secret");
         let _replica = Replica::start(&root, "relaylet-0", "127.0.0.1", free_port(), &[]).await;
-        let (node, _) = wait_for("node Ready", Duration::from_secs(15), || {
-            node_of(&store).filter(is_ready)
+        let node = wait_for("node Ready", || node_of(&store).filter(is_ready)).await;
+        // Right after a renewal of the node Lease, so the next one is a period away.
+        let since = store.revision();
+        let renewed = wait_for("a node Lease renewal", || {
+            write_revisions(&store, since, "leases", NODE)
+                .first()
+                .copied()
         })
         .await;
         store.delete_typed::<Node>("", NODE).expect("node deleted");
-        let (back, took) = wait_for("node restored", Duration::from_secs(5), || {
+        let back = wait_for("node restored", || {
             node_of(&store).filter(|n| n.metadata.uid != node.metadata.uid && is_ready(n))
         })
         .await;
-        eprintln!("a deleted Node was back and Ready after {took:?}");
+        let (events, _) = store.events_since(renewed).expect("history");
+        let restored_at = events
+            .iter()
+            .find(|e| {
+                e.key.resource == "nodes"
+                    && e.key.name == NODE
+                    && e.object["metadata"]["uid"].as_str() != node.metadata.uid.as_deref()
+            })
+            .map(|e| e.rv)
+            .expect("the restored Node's write");
+        assert!(
+            write_revisions(&store, renewed, "leases", NODE)
+                .iter()
+                .all(|rv| *rv > restored_at),
+            "restored only after another node Lease renewal"
+        );
         assert_eq!(
             first_address(&back),
             Some(("InternalDNS".to_string(), "127.0.0.1".to_string()))
@@ -981,7 +1009,7 @@ async fn a_deleted_virtual_node_is_restored_from_the_watch() {
             .expect("labels")
             .remove("relaylet.io/owner");
         store.update_typed(&stripped).expect("labels stripped");
-        wait_for("owner label restored", Duration::from_secs(5), || {
+        wait_for("owner label restored", || {
             node_of(&store).filter(|n| {
                 n.metadata
                     .labels

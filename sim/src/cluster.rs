@@ -225,7 +225,8 @@ impl Cluster {
             let mut env = c.env.clone();
             let mut ports = Vec::new();
             for port in &c.ports {
-                let addr = free_local_port()?;
+                // The pod's process is told its port by number.
+                let addr = crate::ports::free_loopback_port()?;
                 env.push((format!("PORT_{port}"), addr.port().to_string()));
                 ports.push((*port, addr));
             }
@@ -313,10 +314,4 @@ impl Cluster {
         }
         Ok(created)
     }
-}
-
-/// A free loopback port (bound, read, released: good enough for a local simulation).
-fn free_local_port() -> std::io::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    listener.local_addr()
 }

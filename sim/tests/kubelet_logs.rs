@@ -5,7 +5,7 @@
 #[path = "kubelet_support.rs"]
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::AsyncBufReadExt;
 use futures::StreamExt;
@@ -223,37 +223,60 @@ async fn kube_rs_reads_logs_and_previous_after_restart() {
 async fn follow_streams_lines_as_written_and_ends_with_the_process() {
     support::init_crypto();
     let h = Harness::start("logs-follow").await;
+    // The process writes tick<i> only once the test creates file <i>: lines come when the test
+    // says, and the process cannot end before the test lets it.
+    let gates = std::env::temp_dir().join(format!("logs-follow-{}", std::process::id()));
+    std::fs::create_dir_all(&gates).expect("gate directory");
+    let open_gate = |i: usize| std::fs::write(gates.join(i.to_string()), b"").expect("gate");
     h.kubelet
         .run_pod(pod(
             "ticker",
             vec![shell_container(
                 "main",
-                "i=0; while [ $i -lt 5 ]; do echo tick$i; i=$((i+1)); sleep 0.3; done",
+                &format!(
+                    "for i in 0 1 2 3 4; do while [ ! -e {dir}/$i ]; do sleep 0.01; done; echo tick$i; done",
+                    dir = gates.display()
+                ),
             )],
         ))
         .await
         .unwrap();
     timeout(T, async {
-        let started = Instant::now();
         let resp = h
             .request("GET", "/containerLogs/default/ticker/main?follow=true", &[])
             .await;
         assert_eq!(resp.status(), 200);
         let mut body = resp.into_body().into_data_stream();
         let mut seen = String::new();
-        let mut first_at = None;
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.unwrap();
-            if first_at.is_none() && !chunk.is_empty() {
-                first_at = Some(started.elapsed());
+        // Streamed as written, not collected until the end: each line arrives while the
+        // process still waits for the next gate.
+        for i in 0..5 {
+            open_gate(i);
+            let line = format!("tick{i}\n");
+            while !seen.ends_with(&line) {
+                let chunk = body
+                    .next()
+                    .await
+                    .unwrap_or_else(|| panic!("the stream ended before {line:?}: {seen:?}"))
+                    .unwrap();
+                seen.push_str(std::str::from_utf8(&chunk).unwrap());
             }
-            seen.push_str(std::str::from_utf8(&chunk).unwrap());
+            if i < 4 {
+                assert!(
+                    h.kubelet
+                        .container_status("default", "ticker", "main")
+                        .unwrap()
+                        .running,
+                    "the process waits for gate {}",
+                    i + 1
+                );
+            }
+        }
+        // The stream ends with the process.
+        while let Some(chunk) = body.next().await {
+            seen.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
         }
         assert_eq!(seen, "tick0\ntick1\ntick2\ntick3\ntick4\n");
-        // Streamed as written, not collected until the end (the process runs ~1.5 s).
-        let first_at = first_at.unwrap();
-        assert!(first_at < Duration::from_millis(900), "{first_at:?}");
-        assert!(started.elapsed() >= Duration::from_millis(1000));
         assert!(
             !h.kubelet
                 .container_status("default", "ticker", "main")
@@ -268,6 +291,7 @@ async fn follow_streams_lines_as_written_and_ends_with_the_process() {
     })
     .await
     .unwrap();
+    let _ = std::fs::remove_dir_all(&gates);
 }
 
 #[tokio::test]

@@ -335,7 +335,9 @@ async fn ping_round_trips_both_ways() {
         .expect("second ping");
 }
 
-#[tokio::test]
+// Paused time: the connection is in memory, so time only moves once every task is idle, and
+// the 50 ms below means "after everything that can run has run", not a guess at a delay.
+#[tokio::test(start_paused = true)]
 async fn dropping_every_handle_closes_the_connection_gracefully() {
     let (a, b) = tokio::io::duplex(64 * 1024);
     let (server, mut incoming) = Connection::new(b, Role::Server);
@@ -367,7 +369,7 @@ async fn dropping_every_handle_closes_the_connection_gracefully() {
     assert!(!server.is_closed());
     let probe = server.clone();
     drop(server);
-    // A clone still holds the connection open.
+    // A clone still holds the connection open (every task has run until it waits).
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!probe.is_closed());
     drop(probe);
@@ -375,7 +377,9 @@ async fn dropping_every_handle_closes_the_connection_gracefully() {
     assert_eq!(got, b"last words");
 }
 
-#[tokio::test]
+// Paused time: the writer writes until backpressure stops it (time moves only when every task
+// waits), so what it queued is measured exactly, not by how fast the machine writes in 500 ms.
+#[tokio::test(start_paused = true)]
 async fn a_stalled_reader_bounds_what_a_writer_can_queue() {
     let ((client, _cin), (_server, mut sin)) = pair();
     let accepted = tokio::spawn(async move {
@@ -391,17 +395,18 @@ async fn a_stalled_reader_bounds_what_a_writer_can_queue() {
         .expect("open");
     let chunk = vec![7u8; 64 * 1024];
     let mut written = 0usize;
+    // Stream buffer + write queue + pipe: a few MiB at most. The loop stops at the limit, so
+    // an unbounded queue fails the assertion instead of writing forever.
+    const LIMIT: usize = 8 * 1024 * 1024;
     let filling = async {
-        loop {
+        while written < LIMIT {
             stream.write_all(&chunk).await.expect("write");
             written += chunk.len();
         }
     };
     let _ = tokio::time::timeout(Duration::from_millis(500), filling).await;
-    // Stream buffer + write queue + pipe: a few MiB at most, never the unbounded amount a
-    // half-second of writing into memory would reach.
     assert!(
-        written < 8 * 1024 * 1024,
+        written < LIMIT,
         "wrote {written} bytes into a stalled stream"
     );
     assert!(written > 0);

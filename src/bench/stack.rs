@@ -299,12 +299,6 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
-        .local_addr()?
-        .port())
-}
-
 fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
     let file = std::fs::File::create(path)?;
     Ok((Stdio::from(file.try_clone()?), Stdio::from(file)))
@@ -321,7 +315,8 @@ async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProc
     let (cert, key) = (dir.join("relaylet.crt"), dir.join("relaylet.key"));
     write(&cert, &serving.cert_pem)?;
     write(&key, &serving.key_pem)?;
-    let port = free_port()?;
+    // A child process told its port by number: see relaylet_sim::ports.
+    let port = relaylet_sim::ports::free_loopback_port()?.port();
     let log = dir.join("relaylet.log");
     let (out, err) = log_file(&log)?;
     let child = Command::new(std::env::current_exe()?)

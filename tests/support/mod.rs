@@ -216,20 +216,12 @@ impl Background {
         self.lines.recv_timeout(within).ok()
     }
 
-    /// Waits up to `within` for kubectl to exit (kills it after that and panics).
-    pub fn finish(mut self, within: Duration) -> Ended {
-        let deadline = std::time::Instant::now() + within;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("{}: kubectl still running after {within:?}", self.what);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+    /// Waits for kubectl to exit; `within` only turns a hang into a failure (kills it and
+    /// panics).
+    pub fn finish(self, within: Duration) -> Ended {
+        let what = self.what.clone();
+        let status = wait_exit(self.child, within)
+            .unwrap_or_else(|| panic!("{what}: kubectl still running after {within:?}"));
         let stderr = self.stderr.join().unwrap_or_default();
         // The reader thread ends with the pipe, which closed with the process.
         let _ = self.stdout_reader.join();
@@ -239,6 +231,47 @@ impl Background {
             stdout,
             stderr,
         }
+    }
+}
+
+/// Waits for `child` to exit, on a thread blocked in `wait` (no polling); after `within` kills
+/// it and returns `None`. The bound only turns a hang into a failure.
+pub fn wait_exit(
+    mut child: std::process::Child,
+    within: Duration,
+) -> Option<std::process::ExitStatus> {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(within) {
+        Ok(status) => {
+            let _ = waiter.join();
+            Some(status.expect("wait for the child"))
+        }
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid. The waiter has not reported an exit, so
+            // the child is still ours (unreaped) unless it exited in this very instant.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+            let _ = waiter.join();
+            None
+        }
+    }
+}
+
+/// Checks `check` until it holds, for conditions no channel reports (a metric's value, a
+/// server's state); `within` only turns a hang into a failure.
+pub fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !check() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -305,18 +338,29 @@ impl<'a> Run<'a> {
             let mut stdin = child.stdin.take().expect("stdin");
             stdin.write_all(data).expect("write stdin");
         }
-        let deadline = std::time::Instant::now() + self.timeout;
-        loop {
-            if child.try_wait().expect("wait").is_some() {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        // Both pipes are read while waiting, so a chatty kubectl cannot block on a full pipe.
+        let (out, err) = (
+            child.stdout.take().expect("stdout"),
+            child.stderr.take().expect("stderr"),
+        );
+        let read = |mut pipe: Box<dyn std::io::Read + Send>| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                bytes
+            })
+        };
+        let (out, err) = (read(Box::new(out)), read(Box::new(err)));
+        // Killed at the timeout, as before: the output then shows what it had printed.
+        let status = match wait_exit(child, self.timeout) {
+            Some(status) => status,
+            None => std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL),
+        };
+        Output {
+            status,
+            stdout: out.join().unwrap_or_default(),
+            stderr: err.join().unwrap_or_default(),
         }
-        child.wait_with_output().expect("kubectl output")
     }
 }
 
