@@ -1,9 +1,12 @@
 //! The plain-HTTP operations port (`METRICS_ADDR`): `/metrics`, `/livez`, `/healthz`, `/readyz`,
-//! and the probes that keep the reachability gauges and readiness current.
+//! and the probes that keep the reachability gauges and readiness current. The root is probed
+//! here; each leaf by its virtual node's loop (`virtual_node`), which reports every probe with
+//! [`Health::leaf_probed`], so a leaf's health is one fact with one probe.
 //!
 //! - `/livez` and `/healthz`: the process serves HTTP (a restart would not help otherwise).
 //! - `/readyz`: the root apiserver answered the last probe, at least one leaf did (when any is
-//!   registered: a fresh install without leaves is ready), the serving certificate is loaded
+//!   registered: a fresh install without leaves is ready; a registered leaf not probed yet does
+//!   not count as answering), the serving certificate is loaded
 //!   (in `SERVING_CERT_MODE=csr`: issued and not expired; the reason names a pending CSR),
 //!   and shutdown has not begun. A replica that is not ready is taken out
 //!   of the Service but keeps relaying the sessions it has.
@@ -31,7 +34,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tower::ServiceExt;
 
 use crate::config::Limits;
-use crate::leaf::Registry;
 use crate::limits::Gate;
 use crate::metrics::Metrics;
 
@@ -51,7 +53,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Health {
     pub metrics: Metrics,
     root_ok: AtomicBool,
-    leaves_ok: Mutex<BTreeMap<String, bool>>,
+    /// Per registered leaf: whether its apiserver answered the last probe (`None`: not yet
+    /// probed).
+    leaves_ok: Mutex<BTreeMap<String, Option<bool>>>,
     /// Why no valid serving certificate is served (`None` until one is loaded).
     certificate: Mutex<Option<CertificateCheck>>,
     stopping: CancellationToken,
@@ -103,42 +107,49 @@ impl Health {
         // No leaf registered yet is not a fault (a fresh install before its first leaf Secret;
         // a replica that is not ready would only block drains and rollouts); leaves that are
         // all unreachable are.
-        if !leaves.is_empty() && !leaves.values().any(|ok| *ok) {
-            return Some(format!(
-                "no leaf cluster reachable ({})",
-                leaves.keys().cloned().collect::<Vec<_>>().join(", ")
-            ));
+        if !leaves.is_empty() && !leaves.values().any(|ok| *ok == Some(true)) {
+            let each: Vec<String> = leaves
+                .iter()
+                .map(|(name, ok)| match ok {
+                    None => format!("{name}: not probed yet"),
+                    Some(_) => name.clone(),
+                })
+                .collect();
+            return Some(format!("no leaf cluster reachable ({})", each.join(", ")));
         }
         None
     }
 
-    /// Probes the root and every registered leaf every [`PROBE_EVERY`], until `stop` fires.
-    pub async fn probe(self: Arc<Self>, root: Client, registry: Registry) {
+    /// A leaf joined the registry; it is probed soon.
+    pub fn leaf_registered(&self, leaf: &str) {
+        let mut leaves = self.leaves_ok.lock().unwrap_or_else(|e| e.into_inner());
+        leaves.entry(leaf.to_string()).or_insert(None);
+    }
+
+    /// The last probe of `leaf`'s apiserver: whether it answered.
+    pub fn leaf_probed(&self, leaf: &str, reachable: bool) {
+        self.metrics
+            .leaf_reachable
+            .get_or_create(&[("leaf", leaf.to_string())])
+            .set(i64::from(reachable));
+        let mut leaves = self.leaves_ok.lock().unwrap_or_else(|e| e.into_inner());
+        leaves.insert(leaf.to_string(), Some(reachable));
+    }
+
+    /// `leaf` left the registry: it leaves readiness and the gauge too.
+    pub fn leaf_gone(&self, leaf: &str) {
+        self.metrics
+            .leaf_reachable
+            .remove(&[("leaf", leaf.to_string())]);
+        let mut leaves = self.leaves_ok.lock().unwrap_or_else(|e| e.into_inner());
+        leaves.remove(leaf);
+    }
+
+    /// Probes the root every [`PROBE_EVERY`], until dropped.
+    pub async fn probe(self: Arc<Self>, root: Client) {
         loop {
             let root_ok = reachable(&root).await;
             self.metrics.root_reachable.set(i64::from(root_ok));
-            let leaves = registry.snapshot();
-            let mut results = BTreeMap::new();
-            for leaf in leaves.values() {
-                let ok = reachable(&leaf.client).await;
-                self.metrics
-                    .leaf_reachable
-                    .get_or_create(&[("leaf", leaf.name.clone())])
-                    .set(i64::from(ok));
-                results.insert(leaf.name.clone(), ok);
-            }
-            // Leaves that left the registry leave the gauge too.
-            {
-                let mut known = self.leaves_ok.lock().unwrap_or_else(|e| e.into_inner());
-                for gone in known.keys().filter(|k| !results.contains_key(*k)) {
-                    self.metrics
-                        .leaf_reachable
-                        .remove(&[("leaf", gone.clone())]);
-                }
-                *known = results;
-            }
-            // After the leaves: a replica is never ready on a root probe alone while its leaves
-            // have not been probed yet.
             self.root_ok.store(root_ok, Ordering::Relaxed);
             tokio::time::sleep(PROBE_EVERY).await;
         }
@@ -244,16 +255,28 @@ mod tests {
         assert!(h.not_ready().unwrap().contains("root"));
         h.root_ok.store(true, Ordering::Relaxed);
         assert_eq!(h.not_ready(), None, "no leaf registered yet is ready");
-        h.leaves_ok
-            .lock()
-            .unwrap()
-            .extend([("a".to_string(), false), ("b".to_string(), false)]);
+        h.leaf_registered("a");
+        h.leaf_registered("b");
+        assert_eq!(
+            h.not_ready().as_deref(),
+            Some("no leaf cluster reachable (a: not probed yet, b: not probed yet)"),
+            "registered leaves not probed yet do not make a replica ready"
+        );
+        h.leaf_probed("a", false);
+        h.leaf_probed("b", false);
         assert_eq!(
             h.not_ready().as_deref(),
             Some("no leaf cluster reachable (a, b)")
         );
-        h.leaves_ok.lock().unwrap().insert("b".to_string(), true);
+        h.leaf_probed("b", true);
         assert_eq!(h.not_ready(), None);
+        h.leaf_gone("b");
+        assert_eq!(
+            h.not_ready().as_deref(),
+            Some("no leaf cluster reachable (a)")
+        );
+        h.leaf_gone("a");
+        assert_eq!(h.not_ready(), None, "every leaf gone: as a fresh install");
         stop.cancel();
         assert!(h.not_ready().unwrap().contains("shutting down"));
     }

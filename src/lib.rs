@@ -82,10 +82,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     spawn_until(&shutdown, pods.clone().run());
     let csr = request_serving_certificate(&config, &root, &registry, &metrics, &shutdown);
     let leadership = elect_leader(&config, &root, &metrics, &shutdown, csr.clone());
-    spawn_until(
-        &shutdown,
-        health.clone().probe(root.clone(), registry.clone()),
-    );
+    spawn_until(&shutdown, health.clone().probe(root.clone()));
     let node_ports = node_ports::NodePorts::default();
     let controller = Arc::new(virtual_node::Controller {
         config: config.clone(),
@@ -95,6 +92,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         leadership: leadership.clone(),
         node_ports: node_ports.clone(),
         metrics: metrics.clone(),
+        health: health.clone(),
         owner: config
             .pod_namespace
             .clone()

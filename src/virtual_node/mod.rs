@@ -75,6 +75,8 @@ pub struct Controller {
     /// Each virtual node's own kubelet port on this replica (written into the Node).
     pub node_ports: NodePorts,
     pub metrics: Metrics,
+    /// Readiness hears each leaf probe made here (the one probe of a leaf's health).
+    pub health: Arc<crate::health::Health>,
     /// This install's identity on its Nodes (`OWNER_LABEL`): its namespace.
     pub owner: String,
 }
@@ -138,8 +140,9 @@ impl Controller {
                 .map(|(node, _)| node.clone())
                 .collect();
             for node in gone {
-                if let Some((_, task)) = loops.0.remove(&node) {
+                if let Some((leaf, task)) = loops.0.remove(&node) {
                     task.abort();
+                    self.health.leaf_gone(&leaf.name);
                 }
                 if !current.contains_key(&node) && self.leadership.is_leader() {
                     self.delete_node(&node).await;
@@ -147,6 +150,7 @@ impl Controller {
             }
             for (node, leaf) in current {
                 loops.0.entry(node).or_insert_with(|| {
+                    self.health.leaf_registered(&leaf.name);
                     let span = tracing::info_span!("virtual_node", leaf = %leaf.name, node = %leaf.node_name);
                     let task = tokio::spawn(self.clone().run_leaf(leaf.clone()).instrument(span));
                     (leaf, task)
@@ -279,6 +283,9 @@ impl Controller {
                 .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
             {
                 state.health = leaf_watch::probe(&leaf.client, &watch).await;
+                // Not ready (or no Ready node) still means the leaf apiserver answered.
+                self.health
+                    .leaf_probed(&leaf.name, !matches!(state.health, Health::Unreachable(_)));
                 if state.version.is_none() || matches!(state.health, Health::Ready { .. }) {
                     state.version = leaf_watch::version(&leaf.client)
                         .await
