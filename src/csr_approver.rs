@@ -420,6 +420,25 @@ mod tests {
         }
     }
 
+    /// A request for relaylet-0 at 10.0.0.7 with organization `o` and `extra` names, made by
+    /// hand (not by `serving_csr`).
+    fn hand_made(o: &str, extra: &[rcgen::SanType]) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress("10.0.0.7".parse().unwrap()));
+        params.subject_alt_names.extend(extra.iter().cloned());
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, o);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:relaylet-0");
+        params.serialize_request(&key).unwrap().pem().unwrap()
+    }
+
     fn verdict(csr: &CertificateSigningRequest, pod: Option<&Pod>) -> Verdict {
         decide(csr, OWN, NS, pod, &nodes())
     }
@@ -511,20 +530,8 @@ mod tests {
             verdict(&c, Some(&p)),
             "common name \"system:node:relaylet-1\" is not \"system:node:relaylet-0\"",
         );
-        // A client certificate, or extra organizations.
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::IpAddress("10.0.0.7".parse().unwrap()));
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, "system:masters");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "system:node:relaylet-0");
-        let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+        // Another organization (system:masters would make it a cluster admin's certificate).
+        let pem = hand_made("system:masters", &[]);
         refused_because(
             verdict(&stored(pem, "relaylet-0"), Some(&p)),
             "organization [\"system:masters\"]",
@@ -537,22 +544,8 @@ mod tests {
     #[test]
     fn e_mail_and_uri_names_are_refused() {
         let p = pod("relaylet-0", "pod-uid", "10.0.0.7");
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::IpAddress("10.0.0.7".parse().unwrap()));
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::URI("spiffe://x/y".try_into().unwrap()));
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, ORGANIZATION);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "system:node:relaylet-0");
-        let pem = params.serialize_request(&key).unwrap().pem().unwrap();
+        let uri = rcgen::SanType::URI("spiffe://x/y".try_into().unwrap());
+        let pem = hand_made(ORGANIZATION, &[uri]);
         refused_because(
             verdict(&stored(pem, "relaylet-0"), Some(&p)),
             "e-mail, URI or other names",

@@ -96,6 +96,20 @@ fn metric(w: &World, i: usize, name: &str, labels: &[(&str, &str)]) -> f64 {
     metrics_support::count(&metrics_support::parse(&got.body), name, labels)
 }
 
+/// CSRs the approvers of both replicas refused.
+fn refused_total(w: &World) -> f64 {
+    (0..2)
+        .map(|i| {
+            metric(
+                w,
+                i,
+                "relaylet_csr_approver_decisions_total",
+                &[("decision", "refused")],
+            )
+        })
+        .sum()
+}
+
 /// The certificate replica `i` serves, verified as the root apiserver verifies it: against the
 /// cluster CA, for the replica's IP.
 fn served_certificate(w: &World, i: usize) -> Vec<u8> {
@@ -388,16 +402,7 @@ fn the_approver_renewal_and_failover_in_csr_mode() {
     // by another requester is left alone.
     let kubeconfig = w.dir.path().join("relaylet-0.kubeconfig");
     std::fs::write(&kubeconfig, w.replica_kubeconfig(0)).expect("kubeconfig");
-    let refused_before: f64 = (0..2)
-        .map(|i| {
-            metric(
-                &w,
-                i,
-                "relaylet_csr_approver_decisions_total",
-                &[("decision", "refused")],
-            )
-        })
-        .sum();
+    let refused_before = refused_total(&w);
     let forged = csr_manifest("forged-by-relaylet", &request_for("relaylet-0", "10.9.9.9"));
     let out = std::process::Command::new(harness::kubectl_path())
         .args(["create", "-f", "-"])
@@ -425,17 +430,7 @@ fn the_approver_renewal_and_failover_in_csr_mode() {
         )),
     );
     eventually("the approver refuses the forged CSR", || {
-        let refused: f64 = (0..2)
-            .map(|i| {
-                metric(
-                    &w,
-                    i,
-                    "relaylet_csr_approver_decisions_total",
-                    &[("decision", "refused")],
-                )
-            })
-            .sum();
-        (refused > refused_before).then_some(())
+        (refused_total(&w) > refused_before).then_some(())
     });
     assert_eq!(
         csr_field(&w, "forged-by-relaylet", "{.status.conditions}"),

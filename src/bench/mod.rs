@@ -366,7 +366,7 @@ async fn measure_bulk(
         .first()
         .map(|r| r[Route::Relayed as usize].1)
         .unwrap_or(0)
-        .max(1 << 20);
+        .max(16 << 20);
     eprintln!("measuring floor_cpu_per_gib");
     let floor = tokio::task::spawn_blocking(move || floor::measure(floor_bytes))
         .await

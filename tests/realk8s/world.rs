@@ -150,14 +150,7 @@ impl World {
             config_env.insert(k.to_string(), v.to_string());
         }
         // relaylet's root identity: the chart's ServiceAccount.
-        let sa_token = root.kubectl_ok(&[
-            "create",
-            "token",
-            "relaylet",
-            "-n",
-            RELAYLET_NAMESPACE,
-            "--duration=24h",
-        ]);
+        let sa_token = relaylet_token(&root, &[]);
         let root_kubeconfig = token_kubeconfig(&root, sa_token.trim());
         let replica_kubeconfigs = if setup.replica_pods {
             (0..setup.replicas)
@@ -525,19 +518,28 @@ fn replica_pod(root: &ControlPlane, i: usize) -> String {
         "-o",
         "jsonpath={.metadata.uid}",
     ]);
-    root.kubectl_ok(&[
+    relaylet_token(
+        root,
+        &[
+            "--bound-object-kind=Pod",
+            &format!("--bound-object-name={name}"),
+            &format!("--bound-object-uid={}", uid.trim()),
+        ],
+    )
+}
+
+/// A token of relaylet's ServiceAccount, with `kubectl create token` options `extra`.
+fn relaylet_token(root: &ControlPlane, extra: &[&str]) -> String {
+    let mut args = vec![
         "create",
         "token",
         "relaylet",
         "-n",
         RELAYLET_NAMESPACE,
         "--duration=24h",
-        "--bound-object-kind=Pod",
-        &format!("--bound-object-name={name}"),
-        &format!("--bound-object-uid={}", uid.trim()),
-    ])
-    .trim()
-    .to_string()
+    ];
+    args.extend_from_slice(extra);
+    root.kubectl_ok(&args).trim().to_string()
 }
 
 /// The literal env values of the rendered chart's relaylet container.
