@@ -178,7 +178,7 @@ async fn resource(
                 ..attributes
             })?;
         }
-        return super::proxy::connect(&app, req, &target).await;
+        return super::proxy::connect(&app.store, app.kubelet.as_ref(), req, &target).await;
     }
 
     let kind = target.kind;

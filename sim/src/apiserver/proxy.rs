@@ -10,27 +10,30 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 
-use super::api::App;
 use super::failure::Failure;
 use super::kinds;
 use super::route::ResourcePath;
+use super::store::Store;
 use crate::kubelet_proxy::{KubeletClient, PodSubresource};
 
 /// Serves one connect request.
-pub async fn connect(app: &App, req: Request, target: &ResourcePath) -> Result<Response, Failure> {
+pub async fn connect(
+    store: &Store,
+    kubelet_client: Option<&KubeletClient>,
+    req: Request,
+    target: &ResourcePath,
+) -> Result<Response, Failure> {
     let nodes =
         kinds::by_resource("", "nodes").ok_or_else(|| Failure::internal("nodes are not served"))?;
     if target.kind.kind == "Node" {
-        let node: Node = typed(app.store.get(nodes, "", &target.name)?)?;
-        let client = kubelet(app)?;
+        let node: Node = typed(store.get(nodes, "", &target.name)?)?;
+        let client = kubelet(kubelet_client)?;
         return Ok(client.proxy_node(req, &node, &target.rest).await);
     }
     let Some(sub) = PodSubresource::from_name(&target.subresource) else {
         return Err(Failure::no_route());
     };
-    let pod_value = app
-        .store
-        .get(target.kind, &target.namespace, &target.name)?;
+    let pod_value = store.get(target.kind, &target.namespace, &target.name)?;
     let node_name = pod_value
         .pointer("/spec/nodeName")
         .and_then(Value::as_str)
@@ -52,14 +55,14 @@ pub async fn connect(app: &App, req: Request, target: &ResourcePath) -> Result<R
         )));
     }
     let pod: Pod = typed(pod_value)?;
-    let node: Node = typed(app.store.get(nodes, "", &node_name)?)?;
-    let client = kubelet(app)?;
+    let node: Node = typed(store.get(nodes, "", &node_name)?)?;
+    let client = kubelet(kubelet_client)?;
     Ok(client.proxy_pod(req, &pod, &node, sub).await)
 }
 
 /// The kubelet client, or the error a server without one gives (it cannot dial anything).
-fn kubelet(app: &App) -> Result<&KubeletClient, Failure> {
-    app.kubelet.as_ref().ok_or_else(|| {
+fn kubelet(client: Option<&KubeletClient>) -> Result<&KubeletClient, Failure> {
+    client.ok_or_else(|| {
         Failure::new(
             http::StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",

@@ -22,8 +22,8 @@ use super::Shared;
 use super::container::Instance;
 use super::cri_log::{self, MAX_LINE};
 use super::log_options::{LogOptions, OptionsError, StreamSelect};
-use super::routes::text;
 use super::streams::OutStream;
+use super::text::text;
 
 /// Send output in chunks of about this size when more is ready at once.
 const CHUNK: usize = 32 * 1024;

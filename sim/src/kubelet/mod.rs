@@ -24,6 +24,7 @@ mod routes;
 mod spdy_transport;
 mod status;
 mod streams;
+mod text;
 mod websocket;
 mod ws_tunnel;
 

@@ -25,6 +25,7 @@ use super::pods::{Container, Pod};
 use super::portforward::{self, Target};
 use super::status::Outcome;
 use super::streams::{self, StreamOptions};
+use super::text::text;
 use super::{attach, exec, logs, query, spdy_transport, websocket, ws_tunnel};
 use crate::spdy;
 
@@ -63,15 +64,6 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { text(StatusCode::OK, "ok") }))
         .fallback(|| async { text(StatusCode::NOT_FOUND, "404 page not found\n") })
         .with_state(shared)
-}
-
-/// A plain-text answer, the way the kubelet writes its errors.
-pub fn text(code: StatusCode, msg: impl Into<String>) -> Response {
-    Response::builder()
-        .status(code)
-        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Body::from(msg.into()))
-        .unwrap_or_default()
 }
 
 type Params = HashMap<String, String>;

@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
-use super::frame::FrameError;
+use super::error::FrameError;
 
 /// A decoded header list: lowercase names, one entry per value, wire order kept.
 pub type HeaderList = Vec<(String, String)>;

@@ -10,6 +10,7 @@
 //! flow control is backpressure through bounded per-stream buffers.
 
 mod conn;
+mod error;
 pub mod frame;
 pub mod headers;
 mod stream;
