@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use crate::auth::{Access, Authenticator};
+use crate::auth::{Access, AuthError, Authenticator, Caller};
 use crate::counterpart::LeafPodMatch;
 use crate::counterpart_proof::{self as counterpart, RootPod};
 use crate::kubelet_request::{KubeletRequest, RequestError};
@@ -32,7 +32,7 @@ use crate::pod_index::{PodIndex, RouteError};
 use crate::relay::Relay;
 use crate::resource_metrics::{self, NodeStats};
 use crate::session::SessionInfo;
-use crate::status;
+use crate::status::{self, Refusal};
 
 /// How long a client has to complete the TLS handshake, and then to send its request headers.
 /// Slow clients (slowloris) are cut after this.
@@ -245,37 +245,26 @@ async fn handle(State(server): State<Arc<NodeServer>>, req: Request) -> Response
 
 /// Authenticates, parses, authorizes, finds the leaf pod and relays one kubelet call.
 async fn handle_call(server: Arc<NodeServer>, req: Request) -> Response {
-    let cert = req
-        .extensions()
-        .get::<PeerCert>()
-        .cloned()
-        .unwrap_or_default();
-    let caller = match server
-        .auth
-        .authenticate(cert.0.as_deref(), req.headers())
-        .await
-    {
-        Ok(caller) => caller,
-        Err(err) => {
-            server.count_auth_error(&err);
-            return status::response(err.status(), err.to_string());
-        }
-    };
+    match call(server, req).await {
+        Ok(resp) => resp,
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+async fn call(server: Arc<NodeServer>, req: Request) -> Result<Response, Refusal> {
+    let caller = server.authenticate(peer_cert(&req), req.headers()).await?;
     if server.auth.mode() == crate::config::AuthMode::None {
         tracing::warn!(user = %caller.user, path = %req.uri().path(), "AUTH_MODE=none: serving an unauthenticated caller");
     }
 
-    let parsed = KubeletRequest::parse(req.uri().path(), req.uri().query());
-    let kreq = match parsed {
-        Ok(r) => r,
-        Err(err @ RequestError::UnknownRoute(_)) => {
-            return status::response(StatusCode::NOT_FOUND, err.to_string());
-        }
-        Err(err) => return status::response(StatusCode::BAD_REQUEST, err.to_string()),
-    };
-    if let Some(refusal) = unserved(&kreq, &req) {
-        return refusal;
-    }
+    let kreq = KubeletRequest::parse(req.uri().path(), req.uri().query()).map_err(|err| {
+        let code = match err {
+            RequestError::UnknownRoute(_) => StatusCode::NOT_FOUND,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Refusal::new(code, err.to_string())
+    })?;
+    served(&kreq, &req)?;
 
     // Authorize before saying anything about the pod (whether it exists, its UID, its node),
     // like the kubelet: against the pod's node when it is on one, else against every node.
@@ -285,53 +274,29 @@ async fn handle_call(server: Arc<NodeServer>, req: Request) -> Response {
         Err(_) => server.node.as_deref().unwrap_or(""),
     };
     let access = Access::for_call(kreq.kind, req.method(), access_node);
-    if let Err(err) = server.auth.authorize(&caller, &access).await {
-        server.count_auth_error(&err);
-        tracing::info!(user = %caller.user, verb = %access.verb, node = %access.node, "access denied");
-        return status::response(err.status(), err.to_string());
-    }
-    server.metrics.auth_decision("allowed");
+    server.authorize(&caller, &access).await?;
 
-    let route = match route {
-        Ok(route) => route,
-        Err(RouteError::NotOnVirtualNode { node, .. })
-            if !server.node_name_prefix.is_empty()
-                && node.starts_with(&server.node_name_prefix) =>
-        {
-            return status::response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "virtual node {node} has no registered leaf cluster: its leaf Secret is missing or invalid (see relaylet's log)"
-                ),
-            );
-        }
-        Err(err @ (RouteError::NotFound { .. } | RouteError::NotOnVirtualNode { .. })) => {
-            return status::response(StatusCode::NOT_FOUND, err.to_string());
-        }
-        Err(err @ RouteError::Root { .. }) => {
-            return status::response(StatusCode::SERVICE_UNAVAILABLE, err.to_string());
-        }
-    };
+    let route = route.map_err(|err| server.route_refusal(err))?;
     if let (Some(asked), Some(actual)) = (&kreq.uid, &route.uid)
         && asked != actual
     {
-        return status::response(
+        return Err(Refusal::new(
             StatusCode::NOT_FOUND,
             format!(
                 "pod {}/{} with UID {asked} not found (the pod now has UID {actual})",
                 kreq.namespace, kreq.pod
             ),
-        );
+        ));
     }
-    let Some(leaf) = server.registry.by_node(&route.node_name) else {
-        return status::response(
+    let leaf = server.registry.by_node(&route.node_name).ok_or_else(|| {
+        Refusal::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "virtual node {} has no registered leaf cluster",
                 route.node_name
             ),
-        );
-    };
+        )
+    })?;
 
     // The leaf pod is the one the administrator's mapping and the syncer's marker name, read
     // fresh from the leaf: never one the root pod's author chose.
@@ -340,9 +305,9 @@ async fn handle_call(server: Arc<NodeServer>, req: Request) -> Response {
         name: &kreq.pod,
         uid: route.uid.as_deref(),
     };
-    let target = match counterpart::verify(&leaf, &server.leaf_pod_match, root).await {
-        Ok(target) => target,
-        Err(err) => {
+    let target = counterpart::verify(&leaf, &server.leaf_pod_match, root)
+        .await
+        .map_err(|err| {
             server.metrics.counterpart_refusal(&leaf.name, err.reason());
             tracing::warn!(
                 user = %caller.user,
@@ -354,18 +319,15 @@ async fn handle_call(server: Arc<NodeServer>, req: Request) -> Response {
                 %err,
                 "call refused: no proven leaf counterpart"
             );
-            return status::response(err.status(), err.to_string());
-        }
-    };
+            Refusal::new(err.status(), err.to_string())
+        })?;
 
     let permit = if kreq.kind.is_streaming() {
-        match server.gate.session(&caller.user) {
-            Ok(permit) => Some(permit),
-            Err(err) => {
-                tracing::warn!(user = %caller.user, %err, "session refused");
-                return status::response(StatusCode::SERVICE_UNAVAILABLE, err.to_string());
-            }
-        }
+        let permit = server.gate.session(&caller.user).map_err(|err| {
+            tracing::warn!(user = %caller.user, %err, "session refused");
+            Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+        })?;
+        Some(permit)
     } else {
         None
     };
@@ -382,14 +344,14 @@ async fn handle_call(server: Arc<NodeServer>, req: Request) -> Response {
         node: route.node_name.clone(),
     };
     let span = info.span();
-    async move {
+    Ok(async move {
         server
             .relay
             .forward(req.map(Body::new), info, leaf, path, permit)
             .await
     }
     .instrument(span)
-    .await
+    .await)
 }
 
 /// axum's 405 for the fixed routes, with a `metav1.Status` body like every other error.
@@ -400,13 +362,21 @@ async fn method_not_allowed(req: Request) -> Response {
     )
 }
 
+/// The client certificate the TLS handshake verified, if any.
+fn peer_cert(req: &Request) -> PeerCert {
+    req.extensions()
+        .get::<PeerCert>()
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// A 405 for a method the kubelet does not serve on this call, and a 400 for an upgrade that
 /// HTTP/1.0 cannot carry; checked before anything reaches the leaf.
-fn unserved(kreq: &KubeletRequest, req: &Request) -> Option<Response> {
+fn served(kreq: &KubeletRequest, req: &Request) -> Result<(), Refusal> {
     let methods = kreq.kind.methods();
     if !methods.contains(req.method()) {
         let allowed: Vec<&str> = methods.iter().map(http::Method::as_str).collect();
-        let mut resp = status::response(
+        let mut refusal = Refusal::new(
             StatusCode::METHOD_NOT_ALLOWED,
             format!(
                 "{} is not served for {}; use {}",
@@ -415,13 +385,11 @@ fn unserved(kreq: &KubeletRequest, req: &Request) -> Option<Response> {
                 allowed.join(" or ")
             ),
         );
-        if let Ok(value) = http::HeaderValue::from_str(&allowed.join(", ")) {
-            resp.headers_mut().insert(http::header::ALLOW, value);
-        }
-        return Some(resp);
+        refusal.allow = Some(allowed.join(", "));
+        return Err(refusal);
     }
     if kreq.kind.is_streaming() && req.version() < http::Version::HTTP_11 {
-        return Some(status::response(
+        return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             format!(
                 "{} needs a connection upgrade, which {:?} cannot carry: use HTTP/1.1",
@@ -430,25 +398,77 @@ fn unserved(kreq: &KubeletRequest, req: &Request) -> Option<Response> {
             ),
         ));
     }
-    None
+    Ok(())
 }
 
 impl NodeServer {
-    /// Counts a refused caller in the auth metrics.
-    fn count_auth_error(&self, err: &crate::auth::AuthError) {
-        use crate::auth::AuthError;
+    /// Who is calling: the one authentication every route goes through (a verified client
+    /// certificate from the TLS handshake, or a bearer token).
+    /// (Takes the request's parts, not the request: a borrowed body would make the future
+    /// unsendable.)
+    async fn authenticate(
+        &self,
+        cert: PeerCert,
+        headers: &http::HeaderMap,
+    ) -> Result<Caller, Refusal> {
+        self.auth
+            .authenticate(cert.0.as_deref(), headers)
+            .await
+            .map_err(|err| self.auth_refusal(err))
+    }
+
+    /// Whether `caller` may do `access`; counted either way.
+    async fn authorize(&self, caller: &Caller, access: &Access) -> Result<(), Refusal> {
+        match self.auth.authorize(caller, access).await {
+            Ok(()) => {
+                self.metrics.auth_decision("allowed");
+                Ok(())
+            }
+            Err(err) => {
+                tracing::info!(user = %caller.user, verb = %access.verb, node = %access.node, "access denied");
+                Err(self.auth_refusal(err))
+            }
+        }
+    }
+
+    /// A refused caller, counted in the auth metrics.
+    fn auth_refusal(&self, err: AuthError) -> Refusal {
         self.metrics.auth_decision(match err {
             AuthError::Forbidden { .. } => "denied",
             AuthError::Unavailable(_) => "error",
             _ => "unauthenticated",
         });
+        Refusal::new(err.status(), err.to_string())
+    }
+
+    /// Why a call's pod cannot be reached through this relaylet.
+    fn route_refusal(&self, err: RouteError) -> Refusal {
+        match err {
+            RouteError::NotOnVirtualNode { node, .. }
+                if !self.node_name_prefix.is_empty()
+                    && node.starts_with(&self.node_name_prefix) =>
+            {
+                Refusal::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "virtual node {node} has no registered leaf cluster: its leaf Secret is missing or invalid (see relaylet's log)"
+                    ),
+                )
+            }
+            err @ (RouteError::NotFound { .. } | RouteError::NotOnVirtualNode { .. }) => {
+                Refusal::new(StatusCode::NOT_FOUND, err.to_string())
+            }
+            err @ RouteError::Root { .. } => {
+                Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+            }
+        }
     }
 
     /// The virtual node a node-level path (`/metrics`, `/stats/summary`, `/pods`) is about: the
     /// node of this listener, or on the shared port the only virtual node there is. With several,
     /// the shared port cannot tell which node a scraper means (they share relaylet's address), so
     /// it answers 404 naming the nodes' own ports.
-    fn node_for_path(&self) -> Result<String, Box<Response>> {
+    fn node_for_path(&self) -> Result<String, Refusal> {
         if let Some(node) = &self.node {
             return Ok(node.clone());
         }
@@ -460,13 +480,13 @@ impl NodeServer {
             .collect();
         match nodes.as_slice() {
             [only] => Ok(only.clone()),
-            _ => Err(Box::new(status::response(
+            _ => Err(Refusal::new(
                 StatusCode::NOT_FOUND,
                 format!(
                     "this port serves {} virtual nodes; node-level paths are served on each node's own kubelet port (status.daemonEndpoints.kubeletEndpoint.Port)",
                     nodes.len()
                 ),
-            ))),
+            )),
         }
     }
 
@@ -474,66 +494,45 @@ impl NodeServer {
     /// kubelet (`Access::for_path`); the node on success. With `any_node`, a shared port serving
     /// several nodes authorizes against all of them instead of answering 404 (for `/healthz`,
     /// which is the same for every node).
-    async fn authorize_node_path(
-        &self,
-        req: Request,
-        any_node: bool,
-    ) -> Result<String, Box<Response>> {
-        let cert = req
-            .extensions()
-            .get::<PeerCert>()
-            .cloned()
-            .unwrap_or_default();
-        let caller = match self
-            .auth
-            .authenticate(cert.0.as_deref(), req.headers())
-            .await
-        {
-            Ok(caller) => caller,
-            Err(err) => {
-                self.count_auth_error(&err);
-                return Err(Box::new(status::response(err.status(), err.to_string())));
-            }
-        };
+    async fn authorize_node_path(&self, req: Request, any_node: bool) -> Result<String, Refusal> {
+        let caller = self.authenticate(peer_cert(&req), req.headers()).await?;
         let node = match self.node_for_path() {
             Ok(node) => node,
             Err(_) if any_node => String::new(),
-            Err(resp) => return Err(resp),
+            Err(refusal) => return Err(refusal),
         };
         let access = Access::for_path(req.uri().path(), req.method(), &node);
-        if let Err(err) = self.auth.authorize(&caller, &access).await {
-            self.count_auth_error(&err);
-            return Err(Box::new(status::response(err.status(), err.to_string())));
-        }
-        self.metrics.auth_decision("allowed");
+        self.authorize(&caller, &access).await?;
         Ok(node)
     }
 }
 
 /// The kubelet's `/healthz`, behind `nodes/healthz` (or `nodes/proxy`) like a 1.36 kubelet's.
 /// The pod's probes use the metrics port instead, which needs no credentials.
-async fn node_healthz(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    match server.authorize_node_path(req, true).await {
-        Ok(_) => "ok".into_response(),
-        Err(resp) => *resp,
-    }
+async fn node_healthz(
+    State(server): State<Arc<NodeServer>>,
+    req: Request,
+) -> Result<&'static str, Refusal> {
+    server.authorize_node_path(req, true).await?;
+    Ok("ok")
 }
 
 /// relaylet's own metrics, behind `nodes/metrics` (the apiserver's `nodes/{name}/proxy/metrics`).
-async fn node_metrics(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    match server.authorize_node_path(req, false).await {
-        Ok(_) => server.metrics.response(),
-        Err(resp) => *resp,
-    }
+async fn node_metrics(
+    State(server): State<Arc<NodeServer>>,
+    req: Request,
+) -> Result<Response, Refusal> {
+    server.authorize_node_path(req, false).await?;
+    Ok(server.metrics.response())
 }
 
 /// The node's pods' usage in the kubelet's `/metrics/resource` format (what metrics-server
 /// scrapes).
-async fn node_resource_metrics(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    let node = match server.authorize_node_path(req, false).await {
-        Ok(node) => node,
-        Err(resp) => return *resp,
-    };
+async fn node_resource_metrics(
+    State(server): State<Arc<NodeServer>>,
+    req: Request,
+) -> Result<Response, Refusal> {
+    let node = server.authorize_node_path(req, false).await?;
     let text = match server.stats.usage(&node).await {
         Ok(usage) => resource_metrics::encode_resource_metrics(Some(&usage)),
         Err(err) => {
@@ -546,35 +545,39 @@ async fn node_resource_metrics(State(server): State<Arc<NodeServer>>, req: Reque
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static(resource_metrics::TEXT_CONTENT_TYPE),
     );
-    resp
+    Ok(resp)
 }
 
 /// The node's pods' usage as the kubelet's stats Summary.
-async fn node_summary(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    let node = match server.authorize_node_path(req, false).await {
-        Ok(node) => node,
-        Err(resp) => return *resp,
-    };
-    match server.stats.usage(&node).await {
-        Ok(usage) => axum::Json(resource_metrics::summary(&usage)).into_response(),
-        Err(err) => status::response(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
-    }
+async fn node_summary(
+    State(server): State<Arc<NodeServer>>,
+    req: Request,
+) -> Result<Response, Refusal> {
+    let node = server.authorize_node_path(req, false).await?;
+    let usage = server
+        .stats
+        .usage(&node)
+        .await
+        .map_err(|err| Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
+    Ok(axum::Json(resource_metrics::summary(&usage)).into_response())
 }
 
 /// The root pods bound to the node, as the kubelet's `/pods` PodList.
-async fn node_pods(State(server): State<Arc<NodeServer>>, req: Request) -> Response {
-    let node = match server.authorize_node_path(req, false).await {
-        Ok(node) => node,
-        Err(resp) => return *resp,
-    };
-    match server.stats.pods(&node).await {
-        Ok(items) => axum::Json(serde_json::json!({
-            "kind": "PodList",
-            "apiVersion": "v1",
-            "metadata": {},
-            "items": items,
-        }))
-        .into_response(),
-        Err(err) => status::response(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
-    }
+async fn node_pods(
+    State(server): State<Arc<NodeServer>>,
+    req: Request,
+) -> Result<Response, Refusal> {
+    let node = server.authorize_node_path(req, false).await?;
+    let items = server
+        .stats
+        .pods(&node)
+        .await
+        .map_err(|err| Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()))?;
+    Ok(axum::Json(serde_json::json!({
+        "kind": "PodList",
+        "apiVersion": "v1",
+        "metadata": {},
+        "items": items,
+    }))
+    .into_response())
 }

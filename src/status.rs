@@ -6,7 +6,7 @@
 //! JSON body would reach the user as raw JSON.
 
 use axum::body::Body;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 use serde_json::json;
 
@@ -46,6 +46,39 @@ pub fn response(code: StatusCode, message: impl Into<String>) -> Response {
         http::HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// A refused call. It renders itself as the `metav1.Status` [`response`] makes, so a handler
+/// can stop at the first refusal with `?`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: StatusCode,
+    pub message: String,
+    /// The `Allow` header of a 405.
+    pub allow: Option<String>,
+}
+
+impl Refusal {
+    pub fn new(code: StatusCode, message: impl Into<String>) -> Refusal {
+        Refusal {
+            code,
+            message: message.into(),
+            allow: None,
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut resp = response(self.code, self.message);
+        if let Some(value) = self
+            .allow
+            .and_then(|a| http::HeaderValue::from_str(&a).ok())
+        {
+            resp.headers_mut().insert(header::ALLOW, value);
+        }
+        resp
+    }
 }
 
 /// Most bytes of an error body turned into text.
