@@ -14,7 +14,7 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -156,7 +156,7 @@ pub async fn serve(
 }
 
 async fn serve_connection(
-    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    tls: crate::splice::CallerStream,
     cert: PeerCert,
     peer: SocketAddr,
     app: Router,
@@ -180,7 +180,7 @@ async fn serve_connection(
         .max_buf_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS);
     let conn = builder
-        .serve_connection(TokioIo::new(tls), service)
+        .serve_connection(crate::splice::ServedIo::new(tls), service)
         .with_upgrades();
     tokio::pin!(conn);
     tokio::select! {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, Request, StatusCode, header};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::session::{self, Session, SessionInfo};
 use crate::shutdown::OpenSessions;
 use crate::splice::{self, ClientSide, End, Meter};
-use crate::status;
+use crate::status::{self, Refusal};
 
 /// Headers of the caller's upgrade request that the leaf needs to negotiate the same protocol.
 const UPGRADE_REQUEST_HEADERS: [&str; 5] = [
@@ -131,9 +131,9 @@ impl Relay {
         session.leaf_answered();
         let mut leaf_resp = match leaf_resp {
             Ok(resp) => resp,
-            Err(resp) => {
+            Err(refusal) => {
                 session.set_result(session::Result::LeafUnreachable);
-                return resp;
+                return refusal.into_response();
             }
         };
         if leaf_resp.status() != StatusCode::SWITCHING_PROTOCOLS {
@@ -177,13 +177,8 @@ impl Relay {
                         return;
                     }
                 };
-                let client = match client
-                    .downcast::<TokioIo<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>()
-                {
-                    Ok(parts) => ClientSide {
-                        io: parts.io.into_inner(),
-                        read_ahead: parts.read_buf,
-                    },
+                let client = match ClientSide::from_upgraded(client) {
+                    Ok(client) => client,
                     Err(_) => {
                         tracing::error!(
                             parent: &session.info().span(),
@@ -269,26 +264,26 @@ impl Relay {
                 };
                 pass_back(resp, Some(counted))
             }
-            Err(resp) => {
+            Err(refusal) => {
                 session.set_result(session::Result::LeafUnreachable);
-                resp
+                refusal.into_response()
             }
         }
     }
 
-    /// Sends a request to the leaf within the creation timeout; on failure, the answer to give.
+    /// Sends a request to the leaf within the creation timeout; on failure, why not.
     async fn send(
         &self,
         leaf: &Leaf,
         req: Request<kube::client::Body>,
-    ) -> Result<http::Response<kube::client::Body>, Response> {
+    ) -> Result<http::Response<kube::client::Body>, Refusal> {
         match tokio::time::timeout(self.creation_timeout, leaf.stream_client.send(req)).await {
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(err)) => Err(status::response(
+            Ok(Err(err)) => Err(Refusal::new(
                 StatusCode::BAD_GATEWAY,
                 format!("leaf cluster {} is unreachable: {err}", leaf.name),
             )),
-            Err(_) => Err(status::response(
+            Err(_) => Err(Refusal::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 format!(
                     "leaf cluster {} did not answer within {:?}",

@@ -51,11 +51,30 @@ const STOP_COPYING: Duration = Duration::from_secs(1);
 /// The caller's side: the TLS connection the root apiserver opened, plus any bytes it sent
 /// right after the upgrade request that the HTTP server had already read.
 pub struct ClientSide {
-    pub io: tokio_rustls::server::TlsStream<TcpStream>,
+    pub io: CallerStream,
     pub read_ahead: Bytes,
 }
 
+/// The caller's connection, as the node server accepts it.
+pub type CallerStream = tokio_rustls::server::TlsStream<TcpStream>;
+
+/// What the node server gives hyper for a caller's connection. hyper's upgrade hands back only
+/// a type-erased connection, and the splice needs the TCP socket under it (to reset it), so the
+/// relay takes it back as exactly this type: both sides name it here, never separately.
+pub type ServedIo = hyper_util::rt::TokioIo<CallerStream>;
+
 impl ClientSide {
+    /// The caller's connection back from hyper's upgrade, with the bytes hyper had read past
+    /// the request head; the upgrade itself if it is not a [`ServedIo`].
+    pub fn from_upgraded(
+        upgraded: hyper::upgrade::Upgraded,
+    ) -> Result<ClientSide, hyper::upgrade::Upgraded> {
+        upgraded.downcast::<ServedIo>().map(|parts| ClientSide {
+            io: parts.io.into_inner(),
+            read_ahead: parts.read_buf,
+        })
+    }
+
     /// Resets the TCP connection (RST, not FIN), so the peer sees an error, not an end.
     fn abort(self) {
         let (tcp, _) = self.io.into_inner();
