@@ -19,45 +19,35 @@ const TRIM_DELAY: Duration = Duration::from_secs(1);
 /// Fewer concurrent sessions than this hold too little memory (~20 KiB each) to be worth a trim.
 const MIN_PEAK: usize = 100;
 
-static OPEN: AtomicUsize = AtomicUsize::new(0);
 /// The most sessions open at once since the last trim.
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 static TRIM_PENDING: AtomicBool = AtomicBool::new(false);
 
-/// One open session, counted from [`Session::start`] until it is dropped (also when the task
-/// holding it is cancelled).
-#[derive(Debug)]
-pub struct Session(());
-
-impl Session {
-    /// Counts a session as open.
-    pub fn start() -> Session {
-        let open = OPEN.fetch_add(1, Ordering::AcqRel) + 1;
-        PEAK.fetch_max(open, Ordering::AcqRel);
-        Session(())
-    }
+/// A session opened; `open` sessions are open now (the one count, kept by
+/// `shutdown::OpenSessions`).
+pub fn opened(open: usize) {
+    PEAK.fetch_max(open, Ordering::AcqRel);
 }
 
-impl Drop for Session {
-    /// Schedules a trim when the open sessions have fallen to half of a large enough peak.
-    fn drop(&mut self) {
-        let open = OPEN.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-        let peak = PEAK.load(Ordering::Acquire);
-        if peak < MIN_PEAK || open > peak / 2 || TRIM_PENDING.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        // Outside a runtime (the process is shutting down) there is nothing worth trimming.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            TRIM_PENDING.store(false, Ordering::Release);
-            return;
-        };
-        runtime.spawn(async {
-            tokio::time::sleep(TRIM_DELAY).await;
-            PEAK.store(OPEN.load(Ordering::Acquire), Ordering::Release);
-            TRIM_PENDING.store(false, Ordering::Release);
-            let _ = tokio::task::spawn_blocking(trim).await;
-        });
+/// A session closed; `open` are left, and `current` tells how many are open later. Schedules a
+/// trim when the open sessions have fallen to half of a large enough peak.
+pub fn closed(open: usize, current: impl FnOnce() -> usize + Send + 'static) {
+    let peak = PEAK.load(Ordering::Acquire);
+    if peak < MIN_PEAK || open > peak / 2 || TRIM_PENDING.swap(true, Ordering::AcqRel) {
+        return;
     }
+    // Outside a runtime (the process is shutting down) there is nothing worth trimming.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        TRIM_PENDING.store(false, Ordering::Release);
+        return;
+    };
+    runtime.spawn(async move {
+        tokio::time::sleep(TRIM_DELAY).await;
+        // Sessions that ended meanwhile share this trim; the peak starts again from here.
+        PEAK.store(current(), Ordering::Release);
+        TRIM_PENDING.store(false, Ordering::Release);
+        let _ = tokio::task::spawn_blocking(trim).await;
+    });
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

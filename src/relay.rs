@@ -76,9 +76,9 @@ impl Relay {
         permit: Option<Permit<String>>,
     ) -> Response {
         let streaming = info.kind.is_streaming();
-        let session = Session::start(info, &self.metrics, &self.open);
+        let session = Session::start(info, &self.metrics, &self.open, permit);
         if streaming {
-            self.forward_upgrade(req, leaf, path, permit, session).await
+            self.forward_upgrade(req, leaf, path, session).await
         } else {
             self.forward_logs(req, leaf, path, session).await
         }
@@ -89,7 +89,6 @@ impl Relay {
         mut req: Request<Body>,
         leaf: Arc<Leaf>,
         path: String,
-        permit: Option<Permit<String>>,
         mut session: Session,
     ) -> Response {
         if !is_upgrade(req.headers()) {
@@ -166,8 +165,7 @@ impl Relay {
         let leaf_name = leaf.name.clone();
         tokio::spawn(
             async move {
-                // The session counts against the caps until its splice ends.
-                let _permit = permit;
+                // The session (and its place under the caps) lasts until its splice ends.
                 let mut session = session;
                 let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
                     Ok(both) => both,

@@ -12,6 +12,7 @@ use std::time::Instant;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::kubelet_request::Kind;
+use crate::limits::Permit;
 use crate::metrics::Metrics;
 use crate::shutdown::{OpenSessions, SessionGuard};
 
@@ -99,11 +100,18 @@ pub struct Session {
     to_leaf: u64,
     to_client: u64,
     _open: SessionGuard,
+    /// A streaming session's place under the caps (`limits::Gate`), released with it.
+    _permit: Option<Permit<String>>,
 }
 
 impl Session {
-    /// Logs the start and counts the session as open.
-    pub fn start(info: SessionInfo, metrics: &Metrics, open: &OpenSessions) -> Session {
+    /// Logs the start and counts the session as open; it holds `permit` until it ends.
+    pub fn start(
+        info: SessionInfo,
+        metrics: &Metrics,
+        open: &OpenSessions,
+        permit: Option<Permit<String>>,
+    ) -> Session {
         let active = metrics
             .sessions_active
             .get_or_create(&[("kind", info.kind.to_string()), ("leaf", info.leaf.clone())])
@@ -132,6 +140,7 @@ impl Session {
             to_leaf: 0,
             to_client: 0,
             _open: open.enter(),
+            _permit: permit,
         }
     }
 

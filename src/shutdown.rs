@@ -27,7 +27,8 @@ pub struct Shutdown {
     pub open: OpenSessions,
 }
 
-/// A count of running sessions. Cheap to clone.
+/// A count of running sessions: the one count (the drain waits for it, `memory` trims by it).
+/// Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct OpenSessions(Arc<watch::Sender<usize>>);
 
@@ -43,14 +44,25 @@ pub struct SessionGuard(Arc<watch::Sender<usize>>);
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        let mut left = 0;
+        self.0.send_modify(|n| {
+            *n = n.saturating_sub(1);
+            left = *n;
+        });
+        let count = self.0.clone();
+        crate::memory::closed(left, move || *count.borrow());
     }
 }
 
 impl OpenSessions {
     /// Counts a session as open until the guard is dropped.
     pub fn enter(&self) -> SessionGuard {
-        self.0.send_modify(|n| *n += 1);
+        let mut open = 0;
+        self.0.send_modify(|n| {
+            *n += 1;
+            open = *n;
+        });
+        crate::memory::opened(open);
         SessionGuard(self.0.clone())
     }
 

@@ -190,8 +190,6 @@ pub async fn splice<L>(
 where
     L: AsyncRead + AsyncWrite + Unpin,
 {
-    // Counted until this future ends or is dropped; see `memory` for why.
-    let _session = crate::memory::Session::start();
     let start = Instant::now();
     let last_activity = AtomicU64::new(0);
     let to_leaf = AtomicU64::new(0);
