@@ -16,6 +16,9 @@
 //!   the leaf will never complete is filled up with filler bytes. Sessions that cannot be ended
 //!   this way (port-forward, unknown protocols, a cut inside a control frame or frame header)
 //!   are reset, as before.
+//! - Closing the caller's connection cleanly means reading what it still sends until it closes
+//!   too (bounded): a socket closed with unread bytes is reset, and the reset discards whatever
+//!   the kernel had not yet delivered, the end of the output and the exit status with it.
 
 use std::future::Future;
 use std::io;
@@ -44,6 +47,9 @@ const IDLE_BUF_SIZE: usize = 512;
 const FINISH_FRAME: Duration = Duration::from_millis(500);
 /// How long writing relaylet's ending (the rest of a frame, the Status, the close) may take.
 const WRITE_ENDING: Duration = Duration::from_secs(1);
+/// After the leaf ended a session: how long relaylet may take to deliver the rest of what the
+/// leaf sent and see the caller close its side (see [`close_cleanly`]).
+const CLOSE_AFTER_LEAF: Duration = Duration::from_secs(10);
 /// After a cut, how long a write to the caller that is under way may take to complete (the
 /// copy stops only between writes); after that the caller's connection is reset.
 const STOP_COPYING: Duration = Duration::from_secs(1);
@@ -262,6 +268,7 @@ where
         client,
         leaf,
         frames,
+        stop: &options.stop,
         leaf_name: options.leaf_name,
         idle: options.idle,
         counted: down_count,
@@ -280,6 +287,7 @@ struct Teardown<'a, L> {
     client: ClientSide,
     leaf: L,
     frames: Frames,
+    stop: &'a CancellationToken,
     leaf_name: &'a str,
     idle: Duration,
     counted: Counted<'a>,
@@ -311,7 +319,13 @@ where
                 }
                 if !self.frames.tracked() || self.frames.leaf_finished() {
                     // The leaf finished: everything it sent has been written to the caller.
-                    let _ = tokio::time::timeout(WRITE_ENDING, self.client.io.shutdown()).await;
+                    let until = async {
+                        tokio::select! {
+                            _ = tokio::time::sleep(CLOSE_AFTER_LEAF) => {}
+                            _ = self.stop.cancelled() => {}
+                        }
+                    };
+                    close_cleanly(&mut self.client.io, until).await;
                     (End::Completed, Closing::Clean)
                 } else {
                     let message = format!(
@@ -324,7 +338,7 @@ where
             First::Down(Stopped::Cut(why)) => {
                 if self.frames.leaf_finished() {
                     // The leaf's answer went through; only the teardown was left.
-                    let _ = tokio::time::timeout(WRITE_ENDING, self.client.io.shutdown()).await;
+                    close_cleanly(&mut self.client.io, tokio::time::sleep(WRITE_ENDING)).await;
                     return (End::Completed, Closing::Clean);
                 }
                 if !self.frames.tracked() {
@@ -373,12 +387,14 @@ where
                 return Closing::Reset;
             }
         };
-        let written = tokio::time::timeout(
-            WRITE_ENDING,
+        let deadline = Instant::now() + WRITE_ENDING;
+        let written = tokio::time::timeout_at(
+            deadline,
             write_ending(&mut self.client.io, &ending, self.counted),
         )
         .await;
         if matches!(written, Ok(Ok(()))) {
+            drain(&mut self.client.io, tokio::time::sleep_until(deadline)).await;
             tracing::debug!(
                 message,
                 filler = ending.pad,
@@ -444,6 +460,39 @@ where
     writer.flush().await?;
     counted.add(ending.pad + ending.tail.len());
     writer.shutdown().await
+}
+
+/// Ends the caller's connection after the last byte relaylet owes it: flushes, sends
+/// close_notify and FIN, then [`drain`]s until the caller closes too, or `until` resolves.
+async fn close_cleanly(io: &mut CallerStream, until: impl Future<Output = ()>) {
+    let close = async {
+        if io.shutdown().await.is_ok() {
+            drain(io, std::future::pending()).await;
+        }
+    };
+    tokio::select! {
+        () = close => {}
+        () = until => {}
+    }
+}
+
+/// Reads and drops what the caller still sends (a SPDY client's window updates, a WebSocket
+/// pong) until it closes its side, or `until` resolves. Closing a socket that holds unread
+/// bytes resets the connection, and a reset throws away what the kernel had not yet delivered
+/// to the caller: the end of the output and the exit status.
+async fn drain(io: &mut CallerStream, until: impl Future<Output = ()>) {
+    let reading = async {
+        let mut buf = [0u8; IDLE_BUF_SIZE];
+        while let Ok(n) = io.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        () = reading => {}
+        () = until => {}
+    }
 }
 
 /// Resolves with the reason when the session must be cut: idle for `idle`, or shutdown.
@@ -769,6 +818,82 @@ mod tests {
             prop_assert!(frames.at_boundary());
             prop_assert_eq!(frames.ending("x"), whole.ending("x"));
         }
+    }
+
+    /// A leaf that ends its session while the caller still has bytes on their way to relaylet
+    /// (a SPDY client's window updates, a WebSocket pong): every byte the leaf sent reaches the
+    /// caller, then a clean close. Closing a socket with unread bytes resets it, and a reset
+    /// throws away what the kernel had not yet delivered: the end of the output, the exit
+    /// status. The caller's receive buffer is kept small and relaylet's send buffer large, so
+    /// the leaf's bytes are still queued in relaylet's kernel when the session ends.
+    #[tokio::test]
+    async fn a_leaf_ending_delivers_every_byte_although_the_caller_still_sends() {
+        const SENT: usize = 256 * 1024;
+        let ca = relaylet_sim::tls::Ca::new("test").unwrap();
+        let identity = ca.issue_server(&["127.0.0.1"]).unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(4 * 1024 * 1024).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = socket.local_addr().unwrap();
+        let listener = socket.listen(8).unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(identity.server_config().unwrap());
+        let connector = tokio_rustls::TlsConnector::from(ca.client_config(None).unwrap());
+        let client = tokio::spawn(async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_recv_buffer_size(16 * 1024).unwrap();
+            let tcp = socket.connect(addr).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+            connector.connect(name, tcp).await.unwrap()
+        });
+        let (tcp, _) = listener.accept().await.unwrap();
+        let io = acceptor.accept(tcp).await.unwrap();
+        let mut caller = client.await.unwrap();
+        // The leaf connection holds 8 KiB and its far end reads nothing: the caller's bytes
+        // beyond that stay unread in relaylet's socket.
+        let (leaf, mut far_end) = tokio::io::duplex(8 * 1024);
+        caller.write_all(&vec![7u8; 64 * 1024]).await.unwrap();
+        caller.flush().await.unwrap();
+
+        let meter = Meter::default();
+        let splice = splice(
+            ClientSide {
+                io,
+                read_ahead: Bytes::new(),
+            },
+            leaf,
+            Options {
+                idle: Duration::from_secs(3600),
+                stop: CancellationToken::new(),
+                meter: &meter,
+                leaf_name: "leaf",
+            },
+            Frames::new(None),
+        );
+        let output: Vec<u8> = (0..SENT).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let leaf_sends = async {
+            far_end.write_all(&output).await.unwrap();
+            far_end.shutdown().await.unwrap();
+            // Keep the far end (and its unread bytes) until the session is over.
+            far_end
+        };
+        let caller_reads = async {
+            // Read only once relaylet has handed every byte to its socket.
+            while meter.to_client.get() < SENT as u64 {
+                tokio::task::yield_now().await;
+            }
+            let mut received = Vec::new();
+            let read = caller.read_to_end(&mut received).await;
+            drop(caller);
+            (read, received)
+        };
+        let (outcome, _far_end, (read, received)) = tokio::join!(splice, leaf_sends, caller_reads);
+        assert!(read.is_ok(), "the caller's connection failed: {read:?}");
+        assert_eq!(received.len(), SENT);
+        assert!(received == output, "the caller received other bytes");
+        assert_eq!(
+            (outcome.end, outcome.closing),
+            (End::Completed, Closing::Clean)
+        );
     }
 
     /// An idle session's largest allocation is its splice task (the benchmark's idle-session
