@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# relaylet's container image: a release build without the `sim` feature (the image carries no
-# sandbox), on distroless/cc: glibc and libgcc only, no shell, no package manager, non-root.
+# relaylet's container image: a release build of the product crate alone (the sandbox and the
+# benchmark live in the workspace's relaylet-dev crate, never in the image), on distroless/cc:
+# glibc and libgcc only, no shell, no package manager, non-root.
 # ring and rustls need nothing else (no OpenSSL).
 #
 #   docker build -t relaylet:dev --build-arg VERSION=0.1.0 .
@@ -13,21 +14,24 @@ FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build
 WORKDIR /src
 
 # Dependencies first, in their own layer: rebuilt only when a manifest or Cargo.lock changes.
-# The workspace needs both manifests; stub sources stand in for the code. relaylet-sim is only
-# built with the `sim` feature, so its stub is all this image ever needs of it.
+# The workspace needs every member's manifest; stub sources stand in for the code. relaylet-sim
+# and relaylet-dev are only tests' and developers' crates, so their stubs are all this image
+# ever needs of them.
 COPY Cargo.toml Cargo.lock ./
 COPY sim/Cargo.toml sim/Cargo.toml
-RUN mkdir -p src sim/src \
+COPY dev/Cargo.toml dev/Cargo.toml
+RUN mkdir -p src sim/src dev/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs sim/src/lib.rs \
-    && cargo build --release --locked --no-default-features --package relaylet \
+    && echo 'fn main() {}' > dev/src/main.rs \
+    && touch src/lib.rs sim/src/lib.rs dev/src/lib.rs \
+    && cargo build --release --locked --package relaylet \
     && rm -rf src target/release/relaylet target/release/deps/relaylet-* \
         target/release/deps/librelaylet-* target/release/.fingerprint/relaylet-*
 
 # The code. Touch it so cargo never mistakes it for the stubs built above.
 COPY src src
 RUN touch src/main.rs src/lib.rs \
-    && cargo build --release --locked --no-default-features --package relaylet \
+    && cargo build --release --locked --package relaylet \
     && install -D -m 0755 target/release/relaylet /out/relaylet
 
 FROM gcr.io/distroless/cc-debian12:nonroot

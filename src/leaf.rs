@@ -27,7 +27,7 @@ use crate::warm_connector::{Sources, WarmConnector};
 /// The client for relayed streams: the same TLS settings, credentials and headers as
 /// `Client::try_from(config)`, but its TCP connections set `TCP_NODELAY`. kube's own connector
 /// leaves Nagle's algorithm on, which holds back an interactive session's small TLS records
-/// until the previous one is acknowledged (measured by `relaylet bench`: p99 keystroke round
+/// until the previous one is acknowledged (measured by `relaylet-dev bench`: p99 keystroke round
 /// trips of ~1.7 ms instead of ~0.15 ms). Its connector keeps a spare connection dialed for the
 /// next session (see [`WarmConnector`]).
 fn stream_client(

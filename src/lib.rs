@@ -5,8 +5,6 @@
 //! call to that cluster's apiserver, splicing the streams. See DESIGN in the repository README.
 
 pub mod auth;
-#[cfg(feature = "sim")]
-pub mod bench;
 pub mod client_ca;
 pub mod config;
 pub mod counterpart;
@@ -28,8 +26,6 @@ pub mod node_server;
 pub mod pod_index;
 pub mod relay;
 pub mod resource_metrics;
-#[cfg(feature = "sim")]
-pub mod sandbox;
 pub mod self_signed;
 pub mod serving_csr;
 pub mod session;
@@ -70,6 +66,21 @@ pub struct Running {
     pub metrics: metrics::Metrics,
     /// Each virtual node's own kubelet listener.
     pub node_ports: node_ports::NodePorts,
+}
+
+/// `relaylet serve`: relaylet configured by its env vars against the root cluster of
+/// `KUBECONFIG` (or the in-cluster one), until SIGTERM or SIGINT and the grace period after.
+pub async fn serve() -> anyhow::Result<()> {
+    let config = Config::from_env()?;
+    telemetry::init(config.log_format);
+    let root = kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!("connecting to the root cluster (KUBECONFIG or in-cluster): {e}")
+    })?;
+    let shutdown = Shutdown::default();
+    shutdown.on_signals(config.shutdown_grace_period);
+    let running = start(config, root, shutdown).await?;
+    running.server.await?;
+    Ok(())
 }
 
 /// Starts every part of relaylet against the root cluster `root`; runs until `shutdown` fires.

@@ -2,7 +2,7 @@
 //!
 //! glibc's allocator keeps freed memory inside its arenas and returns only what sits at the top
 //! of a heap, so memory that thousands of concurrent sessions used stays resident after they
-//! close (`relaylet bench`: ~185 MB still resident after 9,500 idle sessions closed, reused by
+//! close (`relaylet-dev bench`: ~185 MB still resident after 9,500 idle sessions closed, reused by
 //! the next sessions but never returned). `malloc_trim` releases the free pages of every arena.
 //!
 //! It walks every arena under its lock, so it runs only when there is something worth

@@ -214,7 +214,7 @@ impl Relay {
             // This task lives as long as the session. An info span held that long takes a
             // slot in tracing-subscriber's registry per open session, and the registry keeps
             // the slots (and the heap pages they pin) after the sessions end: 30 MB stayed
-            // resident after 9,500 sessions closed (`relaylet bench`). The session's log
+            // resident after 9,500 sessions closed (`relaylet-dev bench`). The session's log
             // lines name it themselves (its two warnings take the call's span for the moment
             // they are logged), so the task's span is enabled only at debug level.
             .instrument(tracing::debug_span!("splice")),

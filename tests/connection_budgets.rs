@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::tls::Identity;
 use support::{Env, RT, env};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

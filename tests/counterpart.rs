@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::apiserver::Rule;
 use relaylet_sim::cluster::{SimContainer, SimPod};
 use relaylet_sim::tools::Kubectl;
@@ -114,7 +114,7 @@ async fn namespaces(e: &Env, leaf: &str, names: &[&str]) {
 }
 
 async fn support_client(cluster: &relaylet_sim::cluster::Cluster) -> kube::Client {
-    relaylet::sandbox::kube_client(&cluster.admin_kubeconfig().unwrap())
+    relaylet_dev::sandbox::kube_client(&cluster.admin_kubeconfig().unwrap())
         .await
         .unwrap()
 }
@@ -394,7 +394,7 @@ fn a_namespace_map_is_the_administrators_and_unmapped_namespaces_are_refused() {
         // The administrator maps team-a to tenant-a in leaf-2's Secret.
         let secrets: Api<Secret> = Api::namespaced(
             support_client(&e.sandbox.root).await,
-            relaylet::sandbox::RELAYLET_NAMESPACE,
+            relaylet_dev::sandbox::RELAYLET_NAMESPACE,
         );
         let patch = serde_json::json!({"metadata": {"annotations": {
             "relaylet.io/namespace-map": "team-a=tenant-a"

@@ -9,7 +9,7 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::AttachParams;
-use relaylet::sandbox::{Settings, kube_client};
+use relaylet_dev::sandbox::{Settings, kube_client};
 use support::{Env, RT, env};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

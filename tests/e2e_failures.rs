@@ -9,7 +9,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::spdy::{Connection, Stream, upgrade_client};
 use support::{RT, Run, describe, env, text, wait_until};
 use tokio::io::AsyncReadExt;
@@ -121,7 +121,7 @@ fn an_unreachable_leaf_is_a_502_naming_it_and_a_lost_leaf_a_503_naming_the_node(
     let store = e.sandbox.root.api.store();
     store
         .delete_typed::<k8s_openapi::api::core::v1::Secret>(
-            relaylet::sandbox::RELAYLET_NAMESPACE,
+            relaylet_dev::sandbox::RELAYLET_NAMESPACE,
             "leaf-leaf-2",
         )
         .expect("delete the leaf Secret");

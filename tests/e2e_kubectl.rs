@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::Stdio;
 use std::time::Duration;
 
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::cluster::{SimContainer, SimPod};
 use support::{Run, describe, env, kubectls, text, wait_exit, wait_until};
 
@@ -51,7 +51,7 @@ fn settings() -> Settings {
         pods: vec![
             ("leaf-2".into(), echo_pod()),
             // Restarted by the `--previous` test; nothing else uses it.
-            ("leaf-1".into(), relaylet::sandbox::demo_pod("restarts")),
+            ("leaf-1".into(), relaylet_dev::sandbox::demo_pod("restarts")),
         ],
         ..Settings::default()
     }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use relaylet::sandbox::{RELAYLET_LEAF_USER, RELAYLET_NAMESPACE, Settings};
+use relaylet_dev::sandbox::{RELAYLET_LEAF_USER, RELAYLET_NAMESPACE, Settings};
 use relaylet_sim::channel::Protocol;
 use relaylet_sim::spdy::upgrade_client;
 use support::forwarder::Forwarder;

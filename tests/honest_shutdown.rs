@@ -8,7 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::channel::Protocol;
 use support::{Background, RT, Run, env, kubectl_variants, ws_exec};
 

@@ -15,7 +15,7 @@ mod support;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use relaylet::sandbox::{RELAYLET_NAMESPACE, RELAYLET_ROOT_USER, Settings};
+use relaylet_dev::sandbox::{RELAYLET_NAMESPACE, RELAYLET_ROOT_USER, Settings};
 use relaylet_sim::channel::Protocol;
 use support::{Background, RT, Run, env, kubectl_variants, ws_exec};
 

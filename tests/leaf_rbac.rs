@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use relaylet::sandbox::{RELAYLET_LEAF_USER, Sandbox, Settings, leaf_rbac_rules};
+use relaylet_dev::sandbox::{RELAYLET_LEAF_USER, Sandbox, Settings, leaf_rbac_rules};
 use support::{RT, Run, describe, text};
 
 /// Starts a sandbox whose leaves lack the rule granting `resource`.

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use support::{RT, env};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

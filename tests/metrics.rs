@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use metrics_support::{count, histogram_count, http_get, https_get, parse, value};
 use relaylet::config::LogFormat;
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::apiserver::auth::UserInfo;
 use support::{RT, Run, describe, env, text, wait_until};
 

@@ -406,7 +406,7 @@ fn kube_rs_exec_through_the_real_root() {
     let w = world();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let client = relaylet::sandbox::kube_client(
+        let client = relaylet_dev::sandbox::kube_client(
             &std::fs::read_to_string(w.root_kubeconfig()).expect("kubeconfig"),
         )
         .await

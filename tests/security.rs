@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::apiserver::{Rule, UserInfo};
 use relaylet_sim::tls::{Ca, Identity};
 use support::{Env, RT, env};

@@ -10,8 +10,8 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use relaylet::sandbox::{RELAYLET_NAMESPACE, RELAYLET_ROOT_USER, Settings};
 use relaylet::shutdown::Shutdown;
+use relaylet_dev::sandbox::{RELAYLET_NAMESPACE, RELAYLET_ROOT_USER, Settings};
 use support::{RT, Run, env, text, wait_exit, wait_until};
 
 /// Short, so the test ends soon after the long session is cut; the short session needs none of
@@ -65,7 +65,7 @@ fn finish(mut child: Child) -> (Option<i32>, String, String) {
 
 /// The holders the leader Lease had in the root's changes after revision `since`, in order
 /// (`None`: released).
-fn lease_holders(sb: &relaylet::sandbox::Sandbox, since: u64) -> Vec<Option<String>> {
+fn lease_holders(sb: &relaylet_dev::sandbox::Sandbox, since: u64) -> Vec<Option<String>> {
     let (events, _) = sb
         .root
         .api
@@ -111,7 +111,8 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
     let started_at = sb.root.api.store().revision();
     let second = RT.block_on(async {
         let root =
-            relaylet::sandbox::kube_client(&sb.root.kubeconfig(RELAYLET_ROOT_USER, &[])?).await?;
+            relaylet_dev::sandbox::kube_client(&sb.root.kubeconfig(RELAYLET_ROOT_USER, &[])?)
+                .await?;
         relaylet::start(config, root, second_shutdown.clone()).await
     });
     let second = second.expect("second replica starts");

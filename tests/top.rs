@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use metrics_support::{Got, https_get, parse, value};
-use relaylet::sandbox::Settings;
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::cluster::{SimContainer, SimPod};
 use serde_json::json;
 use support::{RT, Run, describe, env, text};

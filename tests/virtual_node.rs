@@ -20,8 +20,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::AttachParams;
 use relaylet::config::Config;
-use relaylet::sandbox::kube_client;
 use relaylet::shutdown::Shutdown;
+use relaylet_dev::sandbox::kube_client;
 use relaylet_sim::apiserver::{ApiServer, ApiServerConfig, Store};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 use serde_json::json;
@@ -738,7 +738,7 @@ async fn leaf_with_pod(root: &Cluster) -> Cluster {
         }],
         ..Default::default()
     };
-    relaylet::sandbox::sync_pod(root, NODE, &leaf, "a", &pod)
+    relaylet_dev::sandbox::sync_pod(root, NODE, &leaf, "a", &pod)
         .await
         .expect("root pod and its leaf copy");
     leaf

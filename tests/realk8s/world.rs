@@ -217,7 +217,7 @@ impl World {
             .expect("the chart's env is a valid configuration");
         let shutdown = relaylet::shutdown::Shutdown::default();
         let running = self.runtime.block_on(async {
-            let client = relaylet::sandbox::kube_client(self.replica_kubeconfig(i))
+            let client = relaylet_dev::sandbox::kube_client(self.replica_kubeconfig(i))
                 .await
                 .expect("root client");
             relaylet::start(config, client, shutdown.clone())

@@ -1,5 +1,5 @@
 //! Shared test support: one sandbox per test binary (root and leaf stand-ins plus relaylet, as
-//! `relaylet sandbox` starts them) and helpers to run real `kubectl` binaries against it.
+//! `relaylet-dev sandbox` starts them) and helpers to run real `kubectl` binaries against it.
 
 #![allow(dead_code)]
 
@@ -11,7 +11,7 @@ use std::process::{Output, Stdio};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use relaylet::sandbox::{Sandbox, Settings};
+use relaylet_dev::sandbox::{Sandbox, Settings};
 use relaylet_sim::cluster::APISERVER_KUBELET_CLIENT;
 use relaylet_sim::tls::Identity;
 use relaylet_sim::tools::Kubectl;

@@ -1,7 +1,7 @@
 //! Starts what the benchmark measures, all on loopback: a simulated root cluster and leaf
 //! cluster (apiserver + kubelet stand-in running real processes), relaylet as its own process
 //! (`relaylet serve`, configured by env vars and a root kubeconfig file exactly as in a real
-//! install), the reference relay as its own process (`relaylet bench-relay`), and the hold
+//! install), the reference relay as its own process (`relaylet-dev bench-relay`), and the hold
 //! endpoint that backs the idle-session memory figure.
 //!
 //! relaylet is given two leaves through labelled kubeconfig Secrets: `leaf` (the real
@@ -282,13 +282,13 @@ fn leaf_secret(name: &str, kubeconfig: &str) -> Secret {
             name: Some(format!("leaf-{name}")),
             namespace: Some(NAMESPACE.into()),
             labels: Some(BTreeMap::from([(
-                crate::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
+                relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
                 name.to_string(),
             )])),
             ..Default::default()
         },
         data: Some(BTreeMap::from([(
-            crate::leaf::KUBECONFIG_KEY.to_string(),
+            relaylet::leaf::KUBECONFIG_KEY.to_string(),
             ByteString(kubeconfig.as_bytes().to_vec()),
         )])),
         ..Default::default()
@@ -304,7 +304,9 @@ fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
     Ok((Stdio::from(file.try_clone()?), Stdio::from(file)))
 }
 
-/// `relaylet serve` as in a real install: env vars, a root kubeconfig, serving cert files.
+/// relaylet as in a real install (env vars, a root kubeconfig, serving cert files), in a process
+/// of its own: this binary's hidden `serve`, the same library call (`relaylet::serve`) as the
+/// product binary's.
 async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProcess, SocketAddr)> {
     let kubeconfig = dir.join("root.kubeconfig");
     write(
@@ -356,7 +358,7 @@ async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProc
     ))
 }
 
-/// `relaylet bench-relay` fixed on the leaf apiserver, with a leaf admin client certificate.
+/// `relaylet-dev bench-relay` fixed on the leaf apiserver, with a leaf admin client certificate.
 async fn spawn_reference(leaf: &Cluster, dir: &Path) -> anyhow::Result<(ChildProcess, SocketAddr)> {
     let serving = leaf.ca.issue_server(&["127.0.0.1"])?;
     let client = leaf.ca.issue_client("bench-relay", &["system:masters"])?;

@@ -1,4 +1,4 @@
-//! The reference relay (`relaylet bench-relay`, hidden): the least any relay must do, written
+//! The reference relay (`relaylet-dev bench-relay`, hidden): the least any relay must do, written
 //! only for the benchmark's "limit" column.
 //!
 //! It terminates TLS from the client, opens TLS to a target fixed on the command line (the leaf

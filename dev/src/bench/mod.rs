@@ -1,4 +1,4 @@
-//! `relaylet bench`: what relaylet costs against the direct path and the physical limit.
+//! `relaylet-dev bench`: what relaylet costs against the direct path and the physical limit.
 //!
 //! Starts the stand-ins, relaylet and a bare reference relay on loopback (see [`stack`]) and
 //! measures every figure three ways in the same run, interleaved repetition by repetition:
@@ -27,7 +27,7 @@ use client::{Route, Transfer};
 use report::Better;
 use stack::Stack;
 
-/// Command-line options of `relaylet bench`.
+/// Command-line options of `relaylet-dev bench`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
     /// A short run (well under three minutes).
@@ -182,7 +182,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let sizes = Sizes::for_options(&options, fd_limit);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let header = format!(
-        "relaylet bench: {cores} cores, fd limit {fd_limit}, {} mode, {} repetitions per figure and route",
+        "relaylet-dev bench: {cores} cores, fd limit {fd_limit}, {} mode, {} repetitions per figure and route",
         if options.smoke {
             "smoke"
         } else if options.quick {

@@ -24,9 +24,9 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use relaylet_sim::apiserver::{Policy, Rule, UserInfo};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 
-use crate::Running;
-use crate::config::Config;
-use crate::shutdown::Shutdown;
+use relaylet::Running;
+use relaylet::config::Config;
+use relaylet::shutdown::Shutdown;
 
 /// The namespace relaylet runs in, in the root cluster: the one README's install and
 /// `deploy/relaylet.yaml` use.
@@ -35,15 +35,15 @@ pub const RELAYLET_NAMESPACE: &str = "relaylet";
 pub const RELAYLET_ROOT_USER: &str = "system:serviceaccount:relaylet:relaylet";
 /// The chart rendered with its default values (`deploy/render.sh`; tests/chart.rs keeps it equal
 /// to the chart): the sandbox's root grants relaylet exactly the RBAC it holds.
-pub const ROOT_MANIFEST: &str = include_str!("../deploy/relaylet.yaml");
+pub const ROOT_MANIFEST: &str = include_str!("../../deploy/relaylet.yaml");
 /// relaylet's identity in each leaf cluster: the ServiceAccount `deploy/leaf-rbac.yaml` makes.
 pub const RELAYLET_LEAF_USER: &str = "system:serviceaccount:relaylet:relaylet-leaf";
 
 /// The leaf-side RBAC relaylet ships; the sandbox's leaves enforce exactly its rules.
-pub const LEAF_RBAC_MANIFEST: &str = include_str!("../deploy/leaf-rbac.yaml");
+pub const LEAF_RBAC_MANIFEST: &str = include_str!("../../deploy/leaf-rbac.yaml");
 
-/// What `relaylet sandbox --help` prints.
-pub const SANDBOX_USAGE: &str = "usage: relaylet sandbox [--kubeconfig-out PATH]
+/// What `relaylet-dev sandbox --help` prints.
+pub const SANDBOX_USAGE: &str = "usage: relaylet-dev sandbox [--kubeconfig-out PATH]
 
 Starts a simulated root cluster and two leaf clusters on loopback with the real relaylet
 between them, and prints an `export KUBECONFIG=...` line for your kubectl. Ctrl-C stops it.
@@ -52,7 +52,7 @@ between them, and prints an `export KUBECONFIG=...` line for your kubectl. Ctrl-
                          (default: target/sandbox/kubeconfig)
   -h, --help             this text";
 
-/// Command-line options of `relaylet sandbox`.
+/// Command-line options of `relaylet-dev sandbox`.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Where to write the root cluster's kubeconfig.
@@ -171,13 +171,13 @@ impl Sandbox {
                     name: Some(format!("leaf-{name}")),
                     namespace: Some(RELAYLET_NAMESPACE.to_string()),
                     labels: Some(BTreeMap::from([(
-                        crate::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
+                        relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
                         name.clone(),
                     )])),
                     ..Default::default()
                 },
                 data: Some(BTreeMap::from([(
-                    crate::leaf::KUBECONFIG_KEY.to_string(),
+                    relaylet::leaf::KUBECONFIG_KEY.to_string(),
                     ByteString(leaf.kubeconfig(RELAYLET_LEAF_USER, &[])?.into_bytes()),
                 )])),
                 ..Default::default()
@@ -220,7 +220,7 @@ impl Sandbox {
         let config = Config::from_lookup(|name| env.get(name).cloned())?;
         let root_client = kube_client(&root.kubeconfig(RELAYLET_ROOT_USER, &[])?).await?;
         let shutdown = Shutdown::default();
-        let relaylet = crate::start(config.clone(), root_client, shutdown.clone())
+        let relaylet = relaylet::start(config.clone(), root_client, shutdown.clone())
             .await
             .context("starting relaylet")?;
 
@@ -354,7 +354,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     };
     sandbox.write_kubeconfig(&path)?;
     println!(
-        "relaylet sandbox ready: root apiserver {}, relaylet on {}, leaves {}",
+        "relaylet-dev sandbox ready: root apiserver {}, relaylet on {}, leaves {}",
         sandbox.root.api.url(),
         sandbox.relaylet.addr,
         {
@@ -386,7 +386,11 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
 fn default_kubeconfig_path() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+        .unwrap_or_else(|| {
+            // The workspace's target directory: this crate sits one level below its root.
+            let dev = Path::new(env!("CARGO_MANIFEST_DIR"));
+            dev.parent().unwrap_or(dev).join("target")
+        });
     target.join("sandbox").join("kubeconfig")
 }
 
@@ -407,7 +411,7 @@ pub async fn sync_pod(
         .ok_or_else(|| anyhow::anyhow!("root pod {} has no UID", pod.name))?;
     let mut copy = pod.clone();
     copy.annotations
-        .insert(crate::counterpart::ROOT_UID_MARKER.to_string(), uid);
+        .insert(relaylet::counterpart::ROOT_UID_MARKER.to_string(), uid);
     leaf.add_pod(leaf_node, &copy).await?;
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Smoke test of `relaylet bench`: runs the real program (with `--smoke`: every figure on tiny
+//! Smoke test of `relaylet-dev bench`: runs the real program (with `--smoke`: every figure on tiny
 //! sizes) and checks that it prints every figure as one well-formed JSON object per line, with
 //! positive values on every route that applies and ratios consistent with them.
 
@@ -21,14 +21,14 @@ const FIGURES: [&str; 11] = [
 
 #[tokio::test]
 async fn bench_smoke_prints_every_figure_as_json() {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet"))
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet-dev"))
         .args(["bench", "--smoke", "--json"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("start relaylet bench");
+        .expect("start relaylet-dev bench");
     let output = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
         .await
         .expect("bench finished in time")
