@@ -681,6 +681,16 @@ fn unserved_methods_and_http_1_0_upgrades_are_refused_with_a_status() {
         let (code, body) = ask(get("/healthz", "Content-Length: 0\r\n").replacen("GET", "POST", 1)).await;
         assert_eq!(code, 405, "{body}");
         assert!(body.contains("\"kind\":\"Status\""), "{body}");
+        // Authentication comes before routing, as in the kubelet's filter chain: a caller
+        // without credentials learns nothing of the routes.
+        let mut stranger = connect(e, None).await.unwrap();
+        let (code, body) = request(
+            &mut stranger,
+            &get("/healthz", "Content-Length: 0\r\n").replacen("GET", "POST", 1),
+        )
+        .await;
+        assert_eq!(code, 401, "{body}");
+        assert!(body.contains("\"reason\":\"Unauthorized\""), "{body}");
         // An upgrade HTTP/1.0 cannot carry.
         let head = get(
             "/exec/default/demo-1/main?command=ls&output=1",

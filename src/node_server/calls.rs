@@ -1,0 +1,180 @@
+//! The pod calls: exec, attach, portForward and containerLogs, each parsed strictly,
+//! authorized like the kubelet does (before anything about the pod is said), matched to its
+//! proven leaf counterpart and handed to the relay.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use http::StatusCode;
+use tracing::Instrument;
+
+use super::NodeServer;
+use crate::auth::{Access, Caller};
+use crate::counterpart_proof::{self as counterpart, RootPod};
+use crate::kubelet_request::{KubeletRequest, RequestError};
+use crate::pod_index::RouteError;
+use crate::session::SessionInfo;
+use crate::status::Refusal;
+
+/// Parses, authorizes, finds the leaf pod and relays one kubelet call (exec, attach,
+/// portForward, containerLogs) of an authenticated caller.
+pub(super) async fn call(
+    State(server): State<Arc<NodeServer>>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> Result<Response, Refusal> {
+    let kreq = KubeletRequest::parse(req.uri().path(), req.uri().query()).map_err(|err| {
+        let code = match err {
+            RequestError::UnknownRoute(_) => StatusCode::NOT_FOUND,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Refusal::new(code, err.to_string())
+    })?;
+    served(&kreq, &req)?;
+
+    // Authorize before saying anything about the pod (whether it exists, its UID, its node),
+    // like the kubelet: against the pod's node when it is on one, else against every node.
+    let route = server.pods.route(&kreq.namespace, &kreq.pod).await;
+    let access_node = match &route {
+        Ok(route) => route.node_name.as_str(),
+        Err(_) => server.node.as_deref().unwrap_or(""),
+    };
+    let access = Access::for_call(kreq.kind, req.method(), access_node);
+    server.authorize(&caller, &access).await?;
+
+    let route = route.map_err(|err| server.route_refusal(err))?;
+    if let (Some(asked), Some(actual)) = (&kreq.uid, &route.uid)
+        && asked != actual
+    {
+        return Err(Refusal::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "pod {}/{} with UID {asked} not found (the pod now has UID {actual})",
+                kreq.namespace, kreq.pod
+            ),
+        ));
+    }
+    let leaf = server.registry.by_node(&route.node_name).ok_or_else(|| {
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "virtual node {} has no registered leaf cluster",
+                route.node_name
+            ),
+        )
+    })?;
+
+    // The leaf pod is the one the administrator's mapping and the syncer's marker name, read
+    // fresh from the leaf: never one the root pod's author chose.
+    let root = RootPod {
+        namespace: &kreq.namespace,
+        name: &kreq.pod,
+        uid: route.uid.as_deref(),
+    };
+    let target = counterpart::verify(&leaf, &server.leaf_pod_match, root)
+        .await
+        .map_err(|err| {
+            server.metrics.counterpart_refusal(&leaf.name, err.reason());
+            tracing::warn!(
+                user = %caller.user,
+                verb = %kreq.kind,
+                namespace = %kreq.namespace,
+                pod = %kreq.pod,
+                leaf = %leaf.name,
+                rule = %server.leaf_pod_match,
+                %err,
+                "call refused: no proven leaf counterpart"
+            );
+            Refusal::new(err.status(), err.to_string())
+        })?;
+
+    let permit = if kreq.kind.is_streaming() {
+        let permit = server.gate.session(&caller.user).map_err(|err| {
+            tracing::warn!(user = %caller.user, %err, "session refused");
+            Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+        })?;
+        Some(permit)
+    } else {
+        None
+    };
+    let path = kreq.leaf_path(&target.namespace, &target.name);
+    let info = SessionInfo {
+        kind: kreq.kind,
+        user: caller.user.clone(),
+        namespace: kreq.namespace.clone(),
+        pod: kreq.pod.clone(),
+        container: kreq.container.clone(),
+        leaf: leaf.name.clone(),
+        leaf_namespace: target.namespace,
+        leaf_pod: target.name,
+        node: route.node_name.clone(),
+    };
+    let span = info.span();
+    Ok(async move {
+        server
+            .relay
+            .forward(req.map(Body::new), info, leaf, path, permit)
+            .await
+    }
+    .instrument(span)
+    .await)
+}
+
+/// A 405 for a method the kubelet does not serve on this call, and a 400 for an upgrade that
+/// HTTP/1.0 cannot carry; checked before anything reaches the leaf.
+fn served(kreq: &KubeletRequest, req: &Request) -> Result<(), Refusal> {
+    let methods = kreq.kind.methods();
+    if !methods.contains(req.method()) {
+        let allowed: Vec<&str> = methods.iter().map(http::Method::as_str).collect();
+        let mut refusal = Refusal::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!(
+                "{} is not served for {}; use {}",
+                req.method(),
+                kreq.kind,
+                allowed.join(" or ")
+            ),
+        );
+        refusal.allow = Some(allowed.join(", "));
+        return Err(refusal);
+    }
+    if kreq.kind.is_streaming() && req.version() < http::Version::HTTP_11 {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{} needs a connection upgrade, which {:?} cannot carry: use HTTP/1.1",
+                kreq.kind,
+                req.version()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl NodeServer {
+    /// Why a call's pod cannot be reached through this relaylet.
+    fn route_refusal(&self, err: RouteError) -> Refusal {
+        match err {
+            RouteError::NotOnVirtualNode { node, .. }
+                if !self.node_name_prefix.is_empty()
+                    && node.starts_with(&self.node_name_prefix) =>
+            {
+                Refusal::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "virtual node {node} has no registered leaf cluster: its leaf Secret is missing or invalid (see relaylet's log)"
+                    ),
+                )
+            }
+            err @ (RouteError::NotFound { .. } | RouteError::NotOnVirtualNode { .. }) => {
+                Refusal::new(StatusCode::NOT_FOUND, err.to_string())
+            }
+            err @ RouteError::Root { .. } => {
+                Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+            }
+        }
+    }
+}

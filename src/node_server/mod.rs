@@ -1,0 +1,244 @@
+//! The kubelet-compatible HTTPS API that the root apiserver calls for every virtual node.
+//!
+//! One listener serves all virtual nodes (they share relaylet's address): a request names a pod,
+//! the pod index says which virtual node it is on, and the registry says which leaf that is.
+//! Like the kubelet's server, a request passes through layers in this order:
+//! - the connection: TLS, the connection caps, the limits on the request head (this file);
+//! - `filters`: authentication, once for every route, in front of the routing;
+//! - the routes: the pod calls (`calls`: parse, authorize, find the leaf pod, relay) and the
+//!   node-level paths (`node_paths`), each authorizing what it serves.
+//!
+//! Every refusal is a [`Refusal`] that renders itself as a `metav1.Status`.
+
+mod calls;
+mod filters;
+mod node_paths;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::response::Response;
+use http::StatusCode;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioTimer;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::auth::Authenticator;
+use crate::counterpart::LeafPodMatch;
+use crate::leaf::Registry;
+use crate::limits::Gate;
+use crate::metrics::Metrics;
+use crate::pod_index::PodIndex;
+use crate::relay::Relay;
+use crate::resource_metrics::NodeStats;
+use crate::status;
+use filters::PeerCert;
+
+/// How long a client has to complete the TLS handshake, and then to send its request headers.
+/// Slow clients (slowloris) are cut after this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head accepted (request line and headers), and most header lines.
+const MAX_HEAD_BYTES: usize = 128 * 1024;
+const MAX_HEADERS: usize = 100;
+/// Most bytes all header lines together may have.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Everything a request handler needs.
+pub struct NodeServer {
+    pub gate: Arc<Gate>,
+    pub auth: Authenticator,
+    pub registry: Registry,
+    pub pods: PodIndex,
+    pub relay: Relay,
+    pub metrics: Metrics,
+    pub stats: Arc<NodeStats>,
+    /// The virtual node this listener is dedicated to (see `node_ports.rs`); `None` on the
+    /// shared port, which serves every virtual node's pods.
+    pub node: Option<String>,
+    /// `NODE_NAME_PREFIX`: a pod on a node with this prefix but no leaf has lost its leaf.
+    pub node_name_prefix: String,
+    /// What proves a leaf pod to be a root pod's counterpart (`LEAF_POD_MATCH`).
+    pub leaf_pod_match: LeafPodMatch,
+}
+
+impl NodeServer {
+    fn router(self: Arc<Self>) -> Router {
+        Router::new()
+            .route("/healthz", axum::routing::get(node_paths::healthz))
+            .route("/metrics", axum::routing::get(node_paths::metrics))
+            .route(
+                "/metrics/resource",
+                axum::routing::get(node_paths::resource_metrics),
+            )
+            .route("/stats/summary", axum::routing::get(node_paths::summary))
+            .route("/pods", axum::routing::get(node_paths::pods))
+            .fallback(calls::call)
+            .method_not_allowed_fallback(method_not_allowed)
+            // Layers run outside in: logs refusals in the kubelet's text, then authentication.
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                filters::authenticate,
+            ))
+            .layer(axum::middleware::from_fn(filters::logs_as_kubelet_text))
+            .with_state(self)
+    }
+}
+
+/// Serves the kubelet API on `listener` until `stop` fires; open sessions are not waited for
+/// (the relay's own stop token ends them).
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    server: Arc<NodeServer>,
+    stop: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let gate = server.gate.clone();
+    let app = server.router();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        // A stranger's idle TCP connections hold only the small handshake budget, never the
+        // connections the root apiserver needs (see `limits`).
+        let handshake = match gate.handshake(peer.ip()) {
+            Ok(permit) => permit,
+            Err(err) => {
+                tracing::debug!(%peer, %err, "connection closed before TLS");
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let stop = stop.clone();
+        let gate = gate.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(err)) => {
+                    tracing::debug!(%peer, %err, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            drop(handshake);
+            let cert = PeerCert(
+                tls.get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|c| Arc::new(c.clone().into_owned())),
+            );
+            // Over a cap, the connection is still answered (a 503 Status, then closed), so the
+            // caller learns why; the permit-holding connections are not disturbed.
+            let (_permit, app) = match gate.tls_connection(peer.ip(), cert.0.is_some()) {
+                Ok(permit) => (Some(permit), app),
+                Err(err) => {
+                    tracing::warn!(%peer, %err, "connection refused");
+                    (None, refusal(err.to_string()))
+                }
+            };
+            serve_connection(tls, cert, peer, app, stop).await;
+        });
+    }
+}
+
+async fn serve_connection(
+    tls: crate::splice::CallerStream,
+    cert: PeerCert,
+    peer: SocketAddr,
+    app: Router,
+    stop: CancellationToken,
+) {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(cert.clone());
+        req.extensions_mut().insert(peer);
+        let app = app.clone();
+        async move {
+            match oversized_head(req.headers()) {
+                Some(refusal) => Ok(refusal),
+                None => app.oneshot(req).await,
+            }
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS);
+    let conn = builder
+        .serve_connection(crate::splice::ServedIo::new(tls), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => {
+            if let Err(err) = result {
+                tracing::debug!(%peer, %err, "connection ended with an error");
+            }
+        }
+        _ = stop.cancelled() => {
+            // Let a request in progress finish; upgraded streams are already detached.
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// A 431 for requests whose header lines add up to more than [`MAX_HEADER_BYTES`]. hyper's
+/// buffer cap stops most oversized heads, but how much it reads at once depends on timing; this
+/// makes the limit exact for every route.
+fn oversized_head(headers: &http::HeaderMap) -> Option<Response> {
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    (bytes > MAX_HEADER_BYTES).then(|| {
+        status::response(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!("request headers are {bytes} bytes; at most {MAX_HEADER_BYTES} allowed"),
+        )
+    })
+}
+
+/// A router that answers every request with 503 and `message`, and closes the connection.
+fn refusal(message: String) -> Router {
+    Router::new().fallback(move || {
+        let message = message.clone();
+        async move {
+            let mut resp = status::response(StatusCode::SERVICE_UNAVAILABLE, message);
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            resp
+        }
+    })
+}
+
+/// axum's 405 for the fixed routes, with a `metav1.Status` body like every other error.
+async fn method_not_allowed(req: Request) -> Response {
+    status::response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not served for {}", req.method(), req.uri().path()),
+    )
+}
