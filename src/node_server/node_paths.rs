@@ -12,7 +12,7 @@ use http::{Method, StatusCode, Uri};
 
 use super::NodeServer;
 use crate::auth::{Access, Caller};
-use crate::resource_metrics as encode;
+use crate::resource_metrics::encode;
 use crate::status::Refusal;
 
 impl NodeServer {
