@@ -84,60 +84,101 @@ impl Relay {
         }
     }
 
+    /// An upgrade: asks the leaf, and when it answers 101 splices the two connections in a
+    /// task of the session's own.
     async fn forward_upgrade(
         &self,
-        mut req: Request<Body>,
+        req: Request<Body>,
         leaf: Arc<Leaf>,
         path: String,
-        mut session: Session,
+        session: Session,
     ) -> Response {
+        let Upgrade {
+            on_upgrade,
+            leaf_upgrade,
+            answer,
+            protocol,
+        } = match self.upgrade(req, &leaf, &path, &session).await {
+            Ok(upgrade) => upgrade,
+            Err(unrelayed) => return unrelayed.answer(session),
+        };
+        let relay = self.clone();
+        tokio::spawn(
+            async move {
+                // The session (and its place under the caps) lasts until its splice ends.
+                let mut session = session;
+                let (result, to_leaf, to_client) = relay
+                    .splice(on_upgrade, leaf_upgrade, protocol, &leaf.name, &session)
+                    .await;
+                session.ended(result, to_leaf, to_client);
+            }
+            // This task lives as long as the session. An info span held that long takes a
+            // slot in tracing-subscriber's registry per open session, and the registry keeps
+            // the slots (and the heap pages they pin) after the sessions end: 30 MB stayed
+            // resident after 9,500 sessions closed (`relaylet-dev bench`). The session's log
+            // lines name it themselves (its two warnings take the call's span for the moment
+            // they are logged), so the task's span is enabled only at debug level.
+            .instrument(tracing::debug_span!("splice")),
+        );
+        answer
+    }
+
+    /// Re-issues the caller's upgrade request to the leaf; the leaf's 101 turned into the
+    /// caller's, or why the call ends here.
+    async fn upgrade(
+        &self,
+        mut req: Request<Body>,
+        leaf: &Leaf,
+        path: &str,
+        session: &Session,
+    ) -> Result<Upgrade, Unrelayed> {
         if !is_upgrade(req.headers()) {
-            session.set_result(session::Result::BadRequest);
-            return status::response(
-                StatusCode::BAD_REQUEST,
-                "this call needs a streaming upgrade (SPDY/3.1 or WebSocket): Connection: Upgrade and Upgrade headers are missing",
-            );
+            return Err(Unrelayed::new(
+                session::Result::BadRequest,
+                status::response(
+                    StatusCode::BAD_REQUEST,
+                    "this call needs a streaming upgrade (SPDY/3.1 or WebSocket): Connection: Upgrade and Upgrade headers are missing",
+                ),
+            ));
         }
         let Some(on_upgrade) = req.extensions_mut().remove::<OnUpgrade>() else {
-            session.set_result(session::Result::BadRequest);
-            return status::response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the connection cannot be upgraded",
-            );
+            return Err(Unrelayed::new(
+                session::Result::BadRequest,
+                status::response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the connection cannot be upgraded",
+                ),
+            ));
         };
 
         let mut leaf_req = Request::builder()
             .method(req.method().clone())
-            .uri(path.as_str())
+            .uri(path)
             .header(header::CONNECTION, "Upgrade");
         for name in UPGRADE_REQUEST_HEADERS {
             for value in req.headers().get_all(name) {
                 leaf_req = leaf_req.header(name, value);
             }
         }
-        let leaf_req = match leaf_req.body(kube::client::Body::empty()) {
-            Ok(r) => r,
-            Err(err) => {
-                session.set_result(session::Result::BadRequest);
-                return status::response(
+        let leaf_req = leaf_req.body(kube::client::Body::empty()).map_err(|err| {
+            Unrelayed::new(
+                session::Result::BadRequest,
+                status::response(
                     StatusCode::BAD_REQUEST,
                     format!("bad upgrade headers: {err}"),
-                );
-            }
-        };
+                ),
+            )
+        })?;
 
-        let leaf_resp = self.send(&leaf, leaf_req).await;
+        let leaf_resp = self.send(leaf, leaf_req).await;
         session.leaf_answered();
-        let mut leaf_resp = match leaf_resp {
-            Ok(resp) => resp,
-            Err(refusal) => {
-                session.set_result(session::Result::LeafUnreachable);
-                return refusal.into_response();
-            }
-        };
+        let mut leaf_resp = leaf_resp
+            .map_err(|refusal| Unrelayed::new(session::Result::LeafUnreachable, refusal))?;
         if leaf_resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            session.set_result(session::Result::Rejected);
-            return pass_back(leaf_resp, None);
+            return Err(Unrelayed::new(
+                session::Result::Rejected,
+                pass_back(leaf_resp, None),
+            ));
         }
 
         let mut answer = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
@@ -147,6 +188,15 @@ impl Relay {
                 answer = answer.header(name, value);
             }
         }
+        let answer = answer.body(Body::empty()).map_err(|err| {
+            Unrelayed::new(
+                session::Result::UpgradeFailed,
+                status::response(
+                    StatusCode::BAD_GATEWAY,
+                    format!("leaf sent unusable upgrade headers: {err}"),
+                ),
+            )
+        })?;
         // What the leaf negotiated decides whether relaylet can end this session honestly
         // (see `frames`).
         let protocol = match frames::protocol(session.info().kind, leaf_resp.headers()) {
@@ -160,99 +210,74 @@ impl Relay {
                 None
             }
         };
-        let leaf_upgrade = hyper::upgrade::on(&mut leaf_resp);
-        let relay = self.clone();
-        let leaf_name = leaf.name.clone();
-        tokio::spawn(
-            async move {
-                // The session (and its place under the caps) lasts until its splice ends.
-                let mut session = session;
-                let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
-                    Ok(both) => both,
-                    Err(err) => {
-                        tracing::warn!(parent: &session.info().span(), %err, "upgrade did not complete");
-                        session.set_result(session::Result::UpgradeFailed);
-                        return;
-                    }
-                };
-                let client = match ClientSide::from_upgraded(client) {
-                    Ok(client) => client,
-                    Err(_) => {
-                        tracing::error!(
-                            parent: &session.info().span(),
-                            "caller connection is not the TLS stream the node server accepted"
-                        );
-                        session.set_result(session::Result::UpgradeFailed);
-                        return;
-                    }
-                };
-                let meter = Meter {
-                    to_leaf: relay.metrics.bytes_counter("to_leaf"),
-                    to_client: relay.metrics.bytes_counter("to_client"),
-                };
-                let outcome = splice::splice(
-                    client,
-                    TokioIo::new(leaf_io),
-                    splice::Options {
-                        idle: relay.idle_timeout,
-                        stop: relay.stop.clone(),
-                        meter: &meter,
-                        leaf_name: &leaf_name,
-                    },
-                    Frames::new(protocol),
-                )
-                .await;
-                let result = match outcome.end {
-                    End::Completed => session::Result::Completed,
-                    End::ClientClosed => session::Result::ClientClosed,
-                    End::LeafLost => session::Result::LeafLost,
-                    End::IdleTimeout => session::Result::IdleTimeout,
-                    End::Shutdown => session::Result::Shutdown,
-                };
-                session.ended(result, outcome.to_leaf, outcome.to_client);
-            }
-            // This task lives as long as the session. An info span held that long takes a
-            // slot in tracing-subscriber's registry per open session, and the registry keeps
-            // the slots (and the heap pages they pin) after the sessions end: 30 MB stayed
-            // resident after 9,500 sessions closed (`relaylet-dev bench`). The session's log
-            // lines name it themselves (its two warnings take the call's span for the moment
-            // they are logged), so the task's span is enabled only at debug level.
-            .instrument(tracing::debug_span!("splice")),
-        );
-        answer.body(Body::empty()).unwrap_or_else(|err| {
-            status::response(
-                StatusCode::BAD_GATEWAY,
-                format!("leaf sent unusable upgrade headers: {err}"),
-            )
+        Ok(Upgrade {
+            on_upgrade,
+            leaf_upgrade: hyper::upgrade::on(&mut leaf_resp),
+            answer,
+            protocol,
         })
     }
 
+    /// Waits for both upgrades and splices the connections; how the session ended and the
+    /// bytes it moved each way (to the leaf, to the caller).
+    async fn splice(
+        &self,
+        on_upgrade: OnUpgrade,
+        leaf_upgrade: OnUpgrade,
+        protocol: Option<frames::Protocol>,
+        leaf_name: &str,
+        session: &Session,
+    ) -> (session::Result, u64, u64) {
+        let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
+            Ok(both) => both,
+            Err(err) => {
+                tracing::warn!(parent: &session.info().span(), %err, "upgrade did not complete");
+                return (session::Result::UpgradeFailed, 0, 0);
+            }
+        };
+        let Ok(client) = ClientSide::from_upgraded(client) else {
+            tracing::error!(
+                parent: &session.info().span(),
+                "caller connection is not the TLS stream the node server accepted"
+            );
+            return (session::Result::UpgradeFailed, 0, 0);
+        };
+        let meter = Meter {
+            to_leaf: self.metrics.bytes_counter("to_leaf"),
+            to_client: self.metrics.bytes_counter("to_client"),
+        };
+        let outcome = splice::splice(
+            client,
+            TokioIo::new(leaf_io),
+            splice::Options {
+                idle: self.idle_timeout,
+                stop: self.stop.clone(),
+                meter: &meter,
+                leaf_name,
+            },
+            Frames::new(protocol),
+        )
+        .await;
+        let result = match outcome.end {
+            End::Completed => session::Result::Completed,
+            End::ClientClosed => session::Result::ClientClosed,
+            End::LeafLost => session::Result::LeafLost,
+            End::IdleTimeout => session::Result::IdleTimeout,
+            End::Shutdown => session::Result::Shutdown,
+        };
+        (result, outcome.to_leaf, outcome.to_client)
+    }
+
+    /// Logs: the leaf's body streamed back, counted; the session ends with it.
     async fn forward_logs(
         &self,
         req: Request<Body>,
         leaf: Arc<Leaf>,
         path: String,
-        mut session: Session,
+        session: Session,
     ) -> Response {
-        if req.method() != http::Method::GET {
-            session.set_result(session::Result::BadRequest);
-            return status::response(StatusCode::METHOD_NOT_ALLOWED, "containerLogs takes GET");
-        }
-        let leaf_req = match Request::get(path.as_str()).body(kube::client::Body::empty()) {
-            Ok(r) => r,
-            Err(err) => {
-                session.set_result(session::Result::BadRequest);
-                return status::response(StatusCode::BAD_REQUEST, format!("bad request: {err}"));
-            }
-        };
-        let resp = self.send(&leaf, leaf_req).await;
-        session.leaf_answered();
-        match resp {
+        match self.logs(req, &leaf, &path, &session).await {
             Ok(resp) => {
-                if !resp.status().is_success() {
-                    session.set_result(session::Result::Rejected);
-                    return pass_back(resp, None);
-                }
                 // The session ends with the body: when the leaf's stream ends, or when the
                 // caller stops reading and the body is dropped.
                 let counted = CountedBody {
@@ -262,11 +287,43 @@ impl Relay {
                 };
                 pass_back(resp, Some(counted))
             }
-            Err(refusal) => {
-                session.set_result(session::Result::LeafUnreachable);
-                refusal.into_response()
-            }
+            Err(unrelayed) => unrelayed.answer(session),
         }
+    }
+
+    /// Asks the leaf for the logs; its successful answer, or why the call ends here.
+    async fn logs(
+        &self,
+        req: Request<Body>,
+        leaf: &Leaf,
+        path: &str,
+        session: &Session,
+    ) -> Result<http::Response<kube::client::Body>, Unrelayed> {
+        if req.method() != http::Method::GET {
+            return Err(Unrelayed::new(
+                session::Result::BadRequest,
+                status::response(StatusCode::METHOD_NOT_ALLOWED, "containerLogs takes GET"),
+            ));
+        }
+        let leaf_req = Request::get(path)
+            .body(kube::client::Body::empty())
+            .map_err(|err| {
+                Unrelayed::new(
+                    session::Result::BadRequest,
+                    status::response(StatusCode::BAD_REQUEST, format!("bad request: {err}")),
+                )
+            })?;
+        let resp = self.send(leaf, leaf_req).await;
+        session.leaf_answered();
+        let resp =
+            resp.map_err(|refusal| Unrelayed::new(session::Result::LeafUnreachable, refusal))?;
+        if !resp.status().is_success() {
+            return Err(Unrelayed::new(
+                session::Result::Rejected,
+                pass_back(resp, None),
+            ));
+        }
+        Ok(resp)
     }
 
     /// Sends a request to the leaf within the creation timeout; on failure, why not.
@@ -289,6 +346,36 @@ impl Relay {
                 ),
             )),
         }
+    }
+}
+
+/// An accepted upgrade: the caller's and the leaf's connections to come, the caller's 101,
+/// and the protocol the leaf negotiated (if relaylet can track it).
+struct Upgrade {
+    on_upgrade: OnUpgrade,
+    leaf_upgrade: OnUpgrade,
+    answer: Response,
+    protocol: Option<frames::Protocol>,
+}
+
+/// A call that ends before anything is relayed: how its session counts, and the answer.
+struct Unrelayed {
+    result: session::Result,
+    answer: Response,
+}
+
+impl Unrelayed {
+    fn new(result: session::Result, answer: impl IntoResponse) -> Unrelayed {
+        Unrelayed {
+            result,
+            answer: answer.into_response(),
+        }
+    }
+
+    /// Ends `session` with this result and gives the caller's answer.
+    fn answer(self, mut session: Session) -> Response {
+        session.set_result(self.result);
+        self.answer
     }
 }
 
