@@ -199,36 +199,8 @@ impl Config {
             errors: Vec::new(),
         };
 
-        let leaf_node_ip = match vars.get("LEAF_NODE_IP") {
-            None => {
-                vars.error(
-                    "LEAF_NODE_IP",
-                    "required: set it to the pod IP (downward API status.podIP)",
-                );
-                IpAddr::from([0, 0, 0, 0])
-            }
-            Some(raw) => vars.parse("LEAF_NODE_IP", &raw, IpAddr::from([0, 0, 0, 0]), |v| {
-                v.parse::<IpAddr>()
-                    .map_err(|_| format!("{v:?} is not an IP address"))
-            }),
-        };
-
-        // Kosmos spells it with dashes, which most shells cannot export; accept both.
-        let (address_var, address_raw) = match vars.get("PREFERRED-ADDRESS-TYPE") {
-            Some(v) => ("PREFERRED-ADDRESS-TYPE", Some(v)),
-            None => ("PREFERRED_ADDRESS_TYPE", vars.get("PREFERRED_ADDRESS_TYPE")),
-        };
-        let preferred_address_type = match address_raw {
-            None => "InternalDNS".to_string(),
-            Some(raw) => vars.parse(address_var, &raw, String::new(), |v| {
-                ADDRESS_TYPES
-                    .iter()
-                    .find(|t| t.eq_ignore_ascii_case(v))
-                    .map(|t| t.to_string())
-                    .ok_or_else(|| format!("{v:?} is not one of {}", ADDRESS_TYPES.join(", ")))
-            }),
-        };
-
+        let leaf_node_ip = leaf_node_ip(&mut vars);
+        let preferred_address_type = preferred_address_type(&mut vars);
         let serving_cert = serving_cert(&mut vars);
 
         let node_server_port = match vars.get("NODE_SERVER_PORT") {
@@ -236,76 +208,9 @@ impl Config {
             Some(raw) => vars.parse("NODE_SERVER_PORT", &raw, 10250, parse_port),
         };
 
-        let static_leaf = match (vars.get("LEAF_KUBECONFIG"), vars.get("LEAF_CLUSTER_NAME")) {
-            (Some(path), name) => {
-                let name = name.unwrap_or_else(|| "leaf".to_string());
-                if let Err(message) = check_dns_label(&name) {
-                    vars.error("LEAF_CLUSTER_NAME", &message);
-                }
-                let namespaces = match vars.get("LEAF_NAMESPACE_MAP") {
-                    None => NamespaceMap::default(),
-                    Some(raw) => vars.parse(
-                        "LEAF_NAMESPACE_MAP",
-                        &raw,
-                        NamespaceMap::default(),
-                        NamespaceMap::parse,
-                    ),
-                };
-                Some(StaticLeaf {
-                    name,
-                    kubeconfig: path.into(),
-                    namespaces,
-                })
-            }
-            (None, Some(_)) => {
-                vars.error(
-                    "LEAF_CLUSTER_NAME",
-                    "set without LEAF_KUBECONFIG: name a kubeconfig file for the leaf, or drop it",
-                );
-                None
-            }
-            (None, None) => {
-                if vars.get("LEAF_NAMESPACE_MAP").is_some() {
-                    vars.error(
-                        "LEAF_NAMESPACE_MAP",
-                        "set without LEAF_KUBECONFIG: a leaf Secret carries its map in its relaylet.io/namespace-map annotation",
-                    );
-                }
-                None
-            }
-        };
-
-        let node_name_prefix = vars
-            .get("NODE_NAME_PREFIX")
-            .unwrap_or_else(|| "relaylet-".to_string());
-        if !node_name_prefix.is_empty()
-            && let Err(message) = check_dns_subdomain_prefix(&node_name_prefix)
-        {
-            vars.error("NODE_NAME_PREFIX", &message);
-        }
-
-        let auth_mode = match vars.get("AUTH_MODE") {
-            None => AuthMode::Webhook,
-            Some(raw) => vars.parse("AUTH_MODE", &raw, AuthMode::Webhook, |v| match v {
-                "webhook" => Ok(AuthMode::Webhook),
-                "x509" => Ok(AuthMode::X509),
-                "none" => Ok(AuthMode::None),
-                _ => Err(format!("{v:?} is not one of webhook, x509, none")),
-            }),
-        };
-
-        // AUTH_MODE=none opens exec into every leaf pod to whoever reaches the port: a setting
-        // that must not be one typo away, so it needs a second, loudly named switch.
-        let anonymous_ok = vars.flag(INSECURE_NONE_SWITCH, false);
-        if auth_mode == AuthMode::None && !anonymous_ok {
-            vars.error(
-                "AUTH_MODE",
-                &format!(
-                    "\"none\" lets anyone who reaches the kubelet port exec into every leaf pod; it is for local sandboxes only, and needs {INSECURE_NONE_SWITCH}=true as well"
-                ),
-            );
-        }
-
+        let static_leaf = static_leaf(&mut vars);
+        let node_name_prefix = node_name_prefix(&mut vars);
+        let auth_mode = auth_mode(&mut vars);
         let stream_idle_timeout =
             vars.duration("STREAM_IDLE_TIMEOUT", Duration::from_secs(4 * 3600));
         let stream_creation_timeout =
@@ -314,58 +219,12 @@ impl Config {
         let shutdown_grace_period = vars.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(30));
 
         let leader_elect = vars.flag("LEADER_ELECT", true);
-        let leaf_pod_match = {
-            let mode = vars.get("LEAF_POD_MATCH");
-            let marker = vars.get("LEAF_POD_MARKER");
-            match LeafPodMatch::parse(mode.as_deref(), marker.as_deref()) {
-                Ok(rule) => rule,
-                Err(message) => {
-                    let known = ["root-uid", "label", "name"];
-                    let var = match &mode {
-                        Some(m) if !known.contains(&m.as_str()) => "LEAF_POD_MATCH",
-                        _ => "LEAF_POD_MARKER",
-                    };
-                    vars.error(var, &message);
-                    LeafPodMatch::default()
-                }
-            }
-        };
+        let leaf_pod_match = leaf_pod_match(&mut vars);
         let leaf_spare_connection = vars.flag("LEAF_SPARE_CONNECTION", true);
 
-        let metrics_addr = match vars.get("METRICS_ADDR") {
-            None => SocketAddr::from(([0, 0, 0, 0], 9090)),
-            Some(raw) => vars.parse(
-                "METRICS_ADDR",
-                &raw,
-                SocketAddr::from(([0, 0, 0, 0], 9090)),
-                |v| {
-                    v.parse::<SocketAddr>()
-                        .map_err(|_| format!("{v:?} is not an address like 0.0.0.0:9090"))
-                },
-            ),
-        };
-
-        let log_format = match vars.get("LOG_FORMAT") {
-            None => LogFormat::Text,
-            Some(raw) => vars.parse("LOG_FORMAT", &raw, LogFormat::Text, |v| match v {
-                "text" => Ok(LogFormat::Text),
-                "json" => Ok(LogFormat::Json),
-                _ => Err(format!("{v:?} is not text or json")),
-            }),
-        };
-
-        let defaults = Limits::default();
-        let limits = Limits {
-            connections: vars.count("MAX_CONNECTIONS", defaults.connections),
-            connections_per_client: vars.count(
-                "MAX_CONNECTIONS_PER_CLIENT",
-                defaults.connections_per_client,
-            ),
-            pending_handshakes: vars.count("MAX_PENDING_HANDSHAKES", defaults.pending_handshakes),
-            sessions: vars.count("MAX_SESSIONS", defaults.sessions),
-            sessions_per_user: vars.count("MAX_SESSIONS_PER_USER", defaults.sessions_per_user),
-        };
-
+        let metrics_addr = metrics_addr(&mut vars);
+        let log_format = log_format(&mut vars);
+        let limits = limits(&mut vars);
         let config = Config {
             leaf_node_ip,
             preferred_address_type,
@@ -475,6 +334,186 @@ impl Vars<'_> {
                 }
             }),
         }
+    }
+}
+
+/// `LEAF_NODE_IP`: required, the pod IP.
+fn leaf_node_ip(vars: &mut Vars<'_>) -> IpAddr {
+    match vars.get("LEAF_NODE_IP") {
+        None => {
+            vars.error(
+                "LEAF_NODE_IP",
+                "required: set it to the pod IP (downward API status.podIP)",
+            );
+            IpAddr::from([0, 0, 0, 0])
+        }
+        Some(raw) => vars.parse("LEAF_NODE_IP", &raw, IpAddr::from([0, 0, 0, 0]), |v| {
+            v.parse::<IpAddr>()
+                .map_err(|_| format!("{v:?} is not an IP address"))
+        }),
+    }
+}
+
+/// `PREFERRED_ADDRESS_TYPE` (or Kosmos' `PREFERRED-ADDRESS-TYPE`).
+fn preferred_address_type(vars: &mut Vars<'_>) -> String {
+    // Kosmos spells it with dashes, which most shells cannot export; accept both.
+    let (address_var, address_raw) = match vars.get("PREFERRED-ADDRESS-TYPE") {
+        Some(v) => ("PREFERRED-ADDRESS-TYPE", Some(v)),
+        None => ("PREFERRED_ADDRESS_TYPE", vars.get("PREFERRED_ADDRESS_TYPE")),
+    };
+
+    match address_raw {
+        None => "InternalDNS".to_string(),
+        Some(raw) => vars.parse(address_var, &raw, String::new(), |v| {
+            ADDRESS_TYPES
+                .iter()
+                .find(|t| t.eq_ignore_ascii_case(v))
+                .map(|t| t.to_string())
+                .ok_or_else(|| format!("{v:?} is not one of {}", ADDRESS_TYPES.join(", ")))
+        }),
+    }
+}
+
+/// `LEAF_KUBECONFIG`, `LEAF_CLUSTER_NAME`, `LEAF_NAMESPACE_MAP`: one leaf without Secrets.
+fn static_leaf(vars: &mut Vars<'_>) -> Option<StaticLeaf> {
+    match (vars.get("LEAF_KUBECONFIG"), vars.get("LEAF_CLUSTER_NAME")) {
+        (Some(path), name) => {
+            let name = name.unwrap_or_else(|| "leaf".to_string());
+            if let Err(message) = check_dns_label(&name) {
+                vars.error("LEAF_CLUSTER_NAME", &message);
+            }
+            let namespaces = match vars.get("LEAF_NAMESPACE_MAP") {
+                None => NamespaceMap::default(),
+                Some(raw) => vars.parse(
+                    "LEAF_NAMESPACE_MAP",
+                    &raw,
+                    NamespaceMap::default(),
+                    NamespaceMap::parse,
+                ),
+            };
+            Some(StaticLeaf {
+                name,
+                kubeconfig: path.into(),
+                namespaces,
+            })
+        }
+        (None, Some(_)) => {
+            vars.error(
+                "LEAF_CLUSTER_NAME",
+                "set without LEAF_KUBECONFIG: name a kubeconfig file for the leaf, or drop it",
+            );
+            None
+        }
+        (None, None) => {
+            if vars.get("LEAF_NAMESPACE_MAP").is_some() {
+                vars.error(
+                    "LEAF_NAMESPACE_MAP",
+                    "set without LEAF_KUBECONFIG: a leaf Secret carries its map in its relaylet.io/namespace-map annotation",
+                );
+            }
+            None
+        }
+    }
+}
+
+/// `NODE_NAME_PREFIX`.
+fn node_name_prefix(vars: &mut Vars<'_>) -> String {
+    let node_name_prefix = vars
+        .get("NODE_NAME_PREFIX")
+        .unwrap_or_else(|| "relaylet-".to_string());
+    if !node_name_prefix.is_empty()
+        && let Err(message) = check_dns_subdomain_prefix(&node_name_prefix)
+    {
+        vars.error("NODE_NAME_PREFIX", &message);
+    }
+    node_name_prefix
+}
+
+/// `AUTH_MODE`, and the second switch `none` needs.
+fn auth_mode(vars: &mut Vars<'_>) -> AuthMode {
+    let auth_mode = match vars.get("AUTH_MODE") {
+        None => AuthMode::Webhook,
+        Some(raw) => vars.parse("AUTH_MODE", &raw, AuthMode::Webhook, |v| match v {
+            "webhook" => Ok(AuthMode::Webhook),
+            "x509" => Ok(AuthMode::X509),
+            "none" => Ok(AuthMode::None),
+            _ => Err(format!("{v:?} is not one of webhook, x509, none")),
+        }),
+    };
+
+    // AUTH_MODE=none opens exec into every leaf pod to whoever reaches the port: a setting
+    // that must not be one typo away, so it needs a second, loudly named switch.
+    let anonymous_ok = vars.flag(INSECURE_NONE_SWITCH, false);
+    if auth_mode == AuthMode::None && !anonymous_ok {
+        vars.error(
+            "AUTH_MODE",
+            &format!(
+                "\"none\" lets anyone who reaches the kubelet port exec into every leaf pod; it is for local sandboxes only, and needs {INSECURE_NONE_SWITCH}=true as well"
+            ),
+        );
+    }
+    auth_mode
+}
+
+/// `LEAF_POD_MATCH` and `LEAF_POD_MARKER`.
+fn leaf_pod_match(vars: &mut Vars<'_>) -> LeafPodMatch {
+    let mode = vars.get("LEAF_POD_MATCH");
+    let marker = vars.get("LEAF_POD_MARKER");
+    match LeafPodMatch::parse(mode.as_deref(), marker.as_deref()) {
+        Ok(rule) => rule,
+        Err(message) => {
+            let known = ["root-uid", "label", "name"];
+            let var = match &mode {
+                Some(m) if !known.contains(&m.as_str()) => "LEAF_POD_MATCH",
+                _ => "LEAF_POD_MARKER",
+            };
+            vars.error(var, &message);
+            LeafPodMatch::default()
+        }
+    }
+}
+
+/// `METRICS_ADDR`.
+fn metrics_addr(vars: &mut Vars<'_>) -> SocketAddr {
+    match vars.get("METRICS_ADDR") {
+        None => SocketAddr::from(([0, 0, 0, 0], 9090)),
+        Some(raw) => vars.parse(
+            "METRICS_ADDR",
+            &raw,
+            SocketAddr::from(([0, 0, 0, 0], 9090)),
+            |v| {
+                v.parse::<SocketAddr>()
+                    .map_err(|_| format!("{v:?} is not an address like 0.0.0.0:9090"))
+            },
+        ),
+    }
+}
+
+/// `LOG_FORMAT`.
+fn log_format(vars: &mut Vars<'_>) -> LogFormat {
+    match vars.get("LOG_FORMAT") {
+        None => LogFormat::Text,
+        Some(raw) => vars.parse("LOG_FORMAT", &raw, LogFormat::Text, |v| match v {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("{v:?} is not text or json")),
+        }),
+    }
+}
+
+/// The connection and session caps (`MAX_*`).
+fn limits(vars: &mut Vars<'_>) -> Limits {
+    let defaults = Limits::default();
+
+    Limits {
+        connections: vars.count("MAX_CONNECTIONS", defaults.connections),
+        connections_per_client: vars.count(
+            "MAX_CONNECTIONS_PER_CLIENT",
+            defaults.connections_per_client,
+        ),
+        pending_handshakes: vars.count("MAX_PENDING_HANDSHAKES", defaults.pending_handshakes),
+        sessions: vars.count("MAX_SESSIONS", defaults.sessions),
+        sessions_per_user: vars.count("MAX_SESSIONS_PER_USER", defaults.sessions_per_user),
     }
 }
 
