@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use axum::Extension;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{FromRequestParts, State};
 use axum::response::{IntoResponse, Response};
-use http::{Method, StatusCode, Uri};
+use http::StatusCode;
+use http::request::Parts;
 
 use super::NodeServer;
 use crate::auth::{Access, Caller};
@@ -41,67 +41,72 @@ impl NodeServer {
             )),
         }
     }
+}
 
-    /// Authorizes `method` on the node-level `path` on the listener's node, like a 1.36
-    /// kubelet (`Access::for_path`); the node on success. With `any_node`, a shared port serving
-    /// several nodes authorizes against all of them instead of answering 404 (for `/healthz`,
-    /// which is the same for every node).
-    async fn authorize_node_path(
-        &self,
-        caller: &Caller,
-        path: &Uri,
-        method: &Method,
-        any_node: bool,
-    ) -> Result<String, Refusal> {
-        let node = match self.node_for_path() {
-            Ok(node) => node,
-            Err(_) if any_node => String::new(),
-            Err(refusal) => return Err(refusal),
-        };
-        let access = Access::for_path(path.path(), method, &node);
-        self.authorize(caller, &access).await?;
-        Ok(node)
+/// The virtual node a node-level path is about (see `node_for_path`), once the caller is
+/// authorized for the path on it like a 1.36 kubelet does it (`Access::for_path`).
+pub(super) struct AuthorizedNode(String);
+
+/// For `/healthz`, which is the same for every node: a shared port serving several nodes
+/// authorizes against all of them instead of answering 404.
+pub(super) struct AuthorizedAnyNode;
+
+impl FromRequestParts<Arc<NodeServer>> for AuthorizedNode {
+    type Rejection = Refusal;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        server: &Arc<NodeServer>,
+    ) -> Result<Self, Refusal> {
+        let node = server.node_for_path()?;
+        authorize_path(parts, server, &node).await?;
+        Ok(AuthorizedNode(node))
     }
+}
+
+impl FromRequestParts<Arc<NodeServer>> for AuthorizedAnyNode {
+    type Rejection = Refusal;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        server: &Arc<NodeServer>,
+    ) -> Result<Self, Refusal> {
+        let node = server.node_for_path().unwrap_or_default();
+        authorize_path(parts, server, &node).await?;
+        Ok(AuthorizedAnyNode)
+    }
+}
+
+/// Whether the caller (authenticated by the filter in front) may have the path on `node`
+/// (every node when empty).
+async fn authorize_path(parts: &Parts, server: &NodeServer, node: &str) -> Result<(), Refusal> {
+    let caller = parts.extensions.get::<Caller>().ok_or_else(|| {
+        Refusal::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a request reached a node path without authentication",
+        )
+    })?;
+    let access = Access::for_path(parts.uri.path(), &parts.method, node);
+    server.authorize(caller, &access).await
 }
 
 /// The kubelet's `/healthz`, behind `nodes/healthz` (or `nodes/proxy`) like a 1.36 kubelet's.
 /// The pod's probes use the metrics port instead, which needs no credentials.
-pub(super) async fn healthz(
-    State(server): State<Arc<NodeServer>>,
-    Extension(caller): Extension<Caller>,
-    method: Method,
-    path: Uri,
-) -> Result<&'static str, Refusal> {
-    server
-        .authorize_node_path(&caller, &path, &method, true)
-        .await?;
-    Ok("ok")
+pub(super) async fn healthz(_: AuthorizedAnyNode) -> &'static str {
+    "ok"
 }
 
 /// relaylet's own metrics, behind `nodes/metrics` (the apiserver's `nodes/{name}/proxy/metrics`).
-pub(super) async fn metrics(
-    State(server): State<Arc<NodeServer>>,
-    Extension(caller): Extension<Caller>,
-    method: Method,
-    path: Uri,
-) -> Result<Response, Refusal> {
-    server
-        .authorize_node_path(&caller, &path, &method, false)
-        .await?;
-    Ok(server.metrics.response())
+pub(super) async fn metrics(State(server): State<Arc<NodeServer>>, _: AuthorizedNode) -> Response {
+    server.metrics.response()
 }
 
 /// The node's pods' usage in the kubelet's `/metrics/resource` format (what metrics-server
 /// scrapes).
 pub(super) async fn resource_metrics(
     State(server): State<Arc<NodeServer>>,
-    Extension(caller): Extension<Caller>,
-    method: Method,
-    path: Uri,
+    AuthorizedNode(node): AuthorizedNode,
 ) -> Result<Response, Refusal> {
-    let node = server
-        .authorize_node_path(&caller, &path, &method, false)
-        .await?;
     let text = match server.stats.usage(&node).await {
         Ok(usage) => encode::encode_resource_metrics(Some(&usage)),
         Err(err) => {
@@ -120,13 +125,8 @@ pub(super) async fn resource_metrics(
 /// The node's pods' usage as the kubelet's stats Summary.
 pub(super) async fn summary(
     State(server): State<Arc<NodeServer>>,
-    Extension(caller): Extension<Caller>,
-    method: Method,
-    path: Uri,
+    AuthorizedNode(node): AuthorizedNode,
 ) -> Result<Response, Refusal> {
-    let node = server
-        .authorize_node_path(&caller, &path, &method, false)
-        .await?;
     let usage = server
         .stats
         .usage(&node)
@@ -138,13 +138,8 @@ pub(super) async fn summary(
 /// The root pods bound to the node, as the kubelet's `/pods` PodList.
 pub(super) async fn pods(
     State(server): State<Arc<NodeServer>>,
-    Extension(caller): Extension<Caller>,
-    method: Method,
-    path: Uri,
+    AuthorizedNode(node): AuthorizedNode,
 ) -> Result<Response, Refusal> {
-    let node = server
-        .authorize_node_path(&caller, &path, &method, false)
-        .await?;
     let items = server
         .stats
         .pods(&node)
