@@ -4,7 +4,7 @@
 //! a small budget of its own and cuts clients that send nothing, so it can never hold the
 //! descriptors the kubelet port needs nor lock out the kubelet's probes.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

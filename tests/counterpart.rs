@@ -9,7 +9,7 @@
 //! Each leaf pod prints who it is (`WHO=<namespace>/<name>`), so a test sees which pod a command
 //! really ran in.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! End to end with kube-rs (`AttachedProcess` over WebSocket, as library users call exec) and
 //! with direct kubelet-API calls to relaylet made the way the root apiserver makes them.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! kubectl); an unreachable leaf is a 502 naming the leaf; a pod whose virtual node lost its
 //! leaf is a 503 naming the node.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

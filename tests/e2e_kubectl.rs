@@ -4,7 +4,7 @@
 //! stand-in translates it to SPDY towards relaylet, as kube-apiserver does), and are also run with
 //! WebSockets turned off.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::Stdio;

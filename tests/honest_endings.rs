@@ -10,7 +10,7 @@
 //! `UpgradeAwareHandler` does), and client-go's SPDY executor reads streams that end without a
 //! Status as exit code 0; so these tests fail on a relaylet that only resets.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! on channel 3, and the sessions count as `shutdown`. (Its own binary: shutting down ends the
 //! sandbox's relaylet for good.)
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::time::Duration;
 

@@ -10,7 +10,7 @@
 //! sandbox's in-process replica), takes over the virtual nodes when the in-process replica
 //! shuts down, and is then killed with SIGKILL in the middle of the sessions.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! sufficient), and removing any relay rule makes the matching kubectl call fail with the leaf's
 //! clear 403, passed through relaylet unchanged.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::time::Duration;
 

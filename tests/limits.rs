@@ -1,7 +1,7 @@
 //! Connection and session caps: past them a caller gets a 503 `metav1.Status` naming the cap,
 //! and relaylet keeps serving everyone else.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

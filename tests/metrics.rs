@@ -3,8 +3,8 @@
 //! end line with the right fields and never a token; `/metrics` on the kubelet port is behind
 //! `nodes/metrics` authorization; `/livez` and `/readyz` answer.
 
-mod metrics_support;
-mod support;
+use relaylet_dev::testkit as support;
+use relaylet_dev::testkit::metrics as metrics_support;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};

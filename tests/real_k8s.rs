@@ -6,11 +6,8 @@
 //! apiserver. The root dials `InternalDNS` first, as Kosmos installs do, and relaylet keeps the
 //! chart's default address type.
 
-#[path = "realk8s/harness.rs"]
-mod harness;
-mod support;
-#[path = "realk8s/world.rs"]
-mod world;
+use relaylet_dev::testkit as support;
+use relaylet_dev::testkit::realk8s::world;
 
 use std::process::Stdio;
 use std::sync::OnceLock;

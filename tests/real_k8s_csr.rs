@@ -13,13 +13,10 @@
 //!
 //! Each test builds its own clusters; they take turns.
 
-#[path = "realk8s/harness.rs"]
-mod harness;
-#[path = "metrics_support/mod.rs"]
-mod metrics_support;
-mod support;
-#[path = "realk8s/world.rs"]
-mod world;
+use relaylet_dev::testkit as support;
+use relaylet_dev::testkit::metrics as metrics_support;
+use relaylet_dev::testkit::realk8s::harness;
+use relaylet_dev::testkit::realk8s::world;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

@@ -4,11 +4,8 @@
 //! replicas advertising `InternalIP`, as a kubeadm cluster needs. The tests change shared
 //! state, so they take turns.
 
-#[path = "realk8s/harness.rs"]
-mod harness;
-mod support;
-#[path = "realk8s/world.rs"]
-mod world;
+use relaylet_dev::testkit as support;
+use relaylet_dev::testkit::realk8s::world;
 
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! is authorized with a SubjectAccessReview, streaming calls need `create` whatever the method,
 //! the serving certificate rotates without a restart, and hostile input gets a clear answer.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! period, and cuts a session that outlives it with a Failure Status (`relaylet: shutting
 //! down`), so kubectl reports an error rather than success. The other replica then serves the virtual nodes.
 
-mod support;
+use relaylet_dev::testkit as support;
 
 use std::io::{Read, Write};
 use std::process::{Child, Stdio};

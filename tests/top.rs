@@ -3,8 +3,8 @@
 //! `/metrics/resource` (checked with a Prometheus text parser), `/stats/summary` and `/pods`.
 //! Leaf-1 also has usage for a pod that is not on its virtual node: it must not be counted.
 
-mod metrics_support;
-mod support;
+use relaylet_dev::testkit as support;
+use relaylet_dev::testkit::metrics as metrics_support;
 
 use std::collections::BTreeSet;
 

@@ -386,11 +386,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
 fn default_kubeconfig_path() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            // The workspace's target directory: this crate sits one level below its root.
-            let dev = Path::new(env!("CARGO_MANIFEST_DIR"));
-            dev.parent().unwrap_or(dev).join("target")
-        });
+        .unwrap_or_else(|| crate::workspace_root().join("target"));
     target.join("sandbox").join("kubeconfig")
 }
 

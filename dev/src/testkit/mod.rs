@@ -1,9 +1,10 @@
-//! Shared test support: one sandbox per test binary (root and leaf stand-ins plus relaylet, as
-//! `relaylet-dev sandbox` starts them) and helpers to run real `kubectl` binaries against it.
-
-#![allow(dead_code)]
+//! The end-to-end tests' shared kit: one sandbox per test binary (root and leaf stand-ins plus
+//! relaylet, as `relaylet-dev sandbox` starts them) and helpers to run real `kubectl` binaries
+//! against it; `metrics` reads relaylet's operations ports, `realk8s` starts real Kubernetes.
 
 pub mod forwarder;
+pub mod metrics;
+pub mod realk8s;
 pub mod ws_exec;
 
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::process::{Output, Stdio};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use relaylet_dev::sandbox::{Sandbox, Settings};
+use crate::sandbox::{Sandbox, Settings};
 use relaylet_sim::cluster::APISERVER_KUBELET_CLIENT;
 use relaylet_sim::tls::Identity;
 use relaylet_sim::tools::Kubectl;
@@ -60,7 +61,7 @@ pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
 /// which is never dropped, so its temporary directories would otherwise stay behind.
 static AT_EXIT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
-fn remove_at_exit(dir: PathBuf) {
+pub(crate) fn remove_at_exit(dir: PathBuf) {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     extern "C" fn remove_all() {
         let dirs = std::mem::take(&mut *AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()));

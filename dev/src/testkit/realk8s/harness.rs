@@ -24,7 +24,7 @@ use relaylet_sim::tls::Ca;
 pub fn bin_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/build-k8s.sh");
+        let script = crate::workspace_root().join("tests/tools/build-k8s.sh");
         let out = Command::new("bash")
             .arg(&script)
             .stderr(Stdio::inherit())
