@@ -205,7 +205,11 @@ impl Config {
 
         let node_server_port = match vars.get("NODE_SERVER_PORT") {
             None => 10250,
-            Some(raw) => vars.parse("NODE_SERVER_PORT", &raw, 10250, parse_port),
+            // 0: any free port, which the Nodes then name (tests start replicas this way).
+            Some(raw) => vars.parse("NODE_SERVER_PORT", &raw, 10250, |v| {
+                v.parse::<u16>()
+                    .map_err(|_| format!("{v:?} is not a port number 0-65535"))
+            }),
         };
 
         let static_leaf = static_leaf(&mut vars);
@@ -602,13 +606,6 @@ fn serving_cert(vars: &mut Vars<'_>) -> ServingCert {
     }
 }
 
-fn parse_port(v: &str) -> Result<u16, String> {
-    match v.parse::<u16>() {
-        Ok(0) | Err(_) => Err(format!("{v:?} is not a port number 1-65535")),
-        Ok(port) => Ok(port),
-    }
-}
-
 /// Parses a Go-style duration (`4h`, `30s`, `1h30m`, `500ms`), the form Kubernetes users know
 /// from kubelet flags.
 pub fn parse_duration(v: &str) -> Result<Duration, String> {
@@ -862,7 +859,7 @@ mod tests {
     fn every_bad_value_is_reported_on_its_own_line() {
         let err = config(&[
             ("LEAF_NODE_IP", "not-an-ip"),
-            ("NODE_SERVER_PORT", "0"),
+            ("NODE_SERVER_PORT", "65536"),
             ("AUTH_MODE", "open"),
             ("STREAM_IDLE_TIMEOUT", "4 hours"),
             ("PREFERRED-ADDRESS-TYPE", "Banana"),
@@ -884,8 +881,14 @@ mod tests {
         assert_eq!(err.to_string().lines().count(), 6);
         assert!(
             err.to_string()
-                .contains("NODE_SERVER_PORT: \"0\" is not a port")
+                .contains("NODE_SERVER_PORT: \"65536\" is not a port number 0-65535")
         );
+    }
+
+    #[test]
+    fn node_server_port_zero_takes_any_free_port() {
+        let c = config(&[("LEAF_NODE_IP", "::1"), ("NODE_SERVER_PORT", "0")]).unwrap();
+        assert_eq!(c.node_server_port, 0);
     }
 
     #[test]

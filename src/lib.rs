@@ -94,6 +94,12 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     let csr = request_serving_certificate(&config, &root, &registry, &metrics, &shutdown);
     let leadership = elect_leader(&config, &root, &metrics, &shutdown, csr.clone());
     spawn_until(&shutdown, health.clone().probe(root.clone()));
+    // Bound before the Nodes are written, so they name the port actually bound
+    // (NODE_SERVER_PORT=0 takes any free one).
+    let addr = SocketAddr::new(config.leaf_node_ip, config.node_server_port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on {addr} (LEAF_NODE_IP:NODE_SERVER_PORT)"))?;
     let node_ports = node_ports::NodePorts::default();
     let controller = Arc::new(virtual_node::Controller {
         config: config.clone(),
@@ -102,6 +108,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         pods: pods.clone(),
         leadership: leadership.clone(),
         node_ports: node_ports.clone(),
+        node_server_port: listener.local_addr()?.port(),
         metrics: metrics.clone(),
         health: health.clone(),
         owner: config
@@ -119,7 +126,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         metrics: metrics.clone(),
         node_ports: node_ports.clone(),
     };
-    let (addr, server) = parts.serve(&health, &shutdown).await?;
+    let (addr, server) = parts.serve(listener, &health, &shutdown).await?;
     Ok(Running {
         addr,
         registry,
@@ -296,6 +303,7 @@ impl KubeletApi {
     /// and its sessions have ended or were cut after the grace period.
     async fn serve(
         self,
+        listener: tokio::net::TcpListener,
         health: &health::Health,
         shutdown: &Shutdown,
     ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
@@ -317,10 +325,6 @@ impl KubeletApi {
             };
         let tls = tls::server_config(certificate, client_ca)?;
         health.certificates_loaded(check);
-        let addr = SocketAddr::new(config.leaf_node_ip, config.node_server_port);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("listening on {addr} (LEAF_NODE_IP:NODE_SERVER_PORT)"))?;
         let addr = listener.local_addr()?;
         if config.auth_mode == AuthMode::None {
             tracing::warn!(

@@ -248,8 +248,8 @@ fn leaf_secret(leaf: &Cluster) -> Secret {
     }
 }
 
-/// A port number for `NODE_SERVER_PORT`, which must be 1-65535 and which the Node names until
-/// the node's own listener is bound (so not port 0): see relaylet_sim::ports.
+/// One port number for two replicas on their own IPs, as a Deployment's pods share one (port 0
+/// would give each its own): see relaylet_sim::ports.
 fn free_port() -> u16 {
     relaylet_sim::ports::free_loopback_port()
         .expect("free port")
@@ -350,8 +350,9 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
     tokio::time::timeout(Duration::from_secs(90), async {
         let root = root_cluster(None).await;
         let leaf = leaf_with_node().await;
-        let port = free_port();
-        let mut replica = Replica::start(&root, "relaylet-0", "127.0.0.1", port, &[]).await;
+        // NODE_SERVER_PORT=0: the port bound is the one the Node names.
+        let mut replica = Replica::start(&root, "relaylet-0", "127.0.0.1", 0, &[]).await;
+        let port = replica.running.addr.port();
         wait_for("leadership", || replica.is_leader().then_some(())).await;
         let store = root.api.store().clone();
 
@@ -546,7 +547,7 @@ async fn leaf_outage_makes_the_node_not_ready_until_it_returns_and_shutdown_stop
             &root,
             "relaylet-0",
             "127.0.0.1",
-            free_port(),
+            0,
             &[("LEADER_ELECT", "false")],
         )
         .await;
@@ -796,7 +797,7 @@ async fn exec_through_the_root(root: &Cluster, word: &str) -> String {
 async fn exec_with_order(order: Option<&[&str]>) {
     let root = root_cluster(order).await;
     let leaf = leaf_with_pod(&root).await;
-    let replica = Replica::start(&root, "relaylet-0", "127.0.0.2", free_port(), &[]).await;
+    let replica = Replica::start(&root, "relaylet-0", "127.0.0.2", 0, &[]).await;
     let store = root.api.store().clone();
     store.create_typed(&leaf_secret(&leaf)).expect("secret");
     let node = wait_for("node Ready", || node_of(&store).filter(is_ready)).await;
@@ -885,7 +886,7 @@ async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() 
         let leaf = leaf_with_node().await;
         let store = root.api.store().clone();
         store.create_typed(&leaf_secret(&leaf)).expect("secret");
-        let first = Replica::start(&root, "relaylet-0", "127.0.0.1", free_port(), &[]).await;
+        let first = Replica::start(&root, "relaylet-0", "127.0.0.1", 0, &[]).await;
         let node = wait_for("first install's node Ready", || {
             node_of(&store).filter(is_ready)
         })
@@ -916,7 +917,7 @@ async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() 
             &root,
             "relaylet-second-0",
             "127.0.0.2",
-            free_port(),
+            0,
             &[
                 ("POD_NAMESPACE", "second"),
                 ("LEAF_SECRET_NAMESPACE", "second"),
@@ -965,7 +966,7 @@ async fn a_deleted_virtual_node_is_restored_from_the_watch() {
         let leaf = leaf_with_node().await;
         let store = root.api.store().clone();
         store.create_typed(&leaf_secret(&leaf)).expect("secret");
-        let _replica = Replica::start(&root, "relaylet-0", "127.0.0.1", free_port(), &[]).await;
+        let _replica = Replica::start(&root, "relaylet-0", "127.0.0.1", 0, &[]).await;
         let node = wait_for("node Ready", || node_of(&store).filter(is_ready)).await;
         // Right after a renewal of the node Lease, so the next one is a period away.
         let since = store.revision();

@@ -195,11 +195,10 @@ impl Sandbox {
         write_private(&cert_path, &serving.cert_pem)?;
         write_private(&key_path, &serving.key_pem)?;
 
-        // A number, not port 0: see relaylet_sim::ports.
-        let port = relaylet_sim::ports::free_loopback_port()?.port();
         let mut env: BTreeMap<String, String> = BTreeMap::from([
             ("LEAF_NODE_IP".into(), "127.0.0.1".into()),
-            ("NODE_SERVER_PORT".into(), port.to_string()),
+            // Any free port; the Nodes name the one bound.
+            ("NODE_SERVER_PORT".into(), "0".into()),
             ("PREFERRED-ADDRESS-TYPE".into(), "InternalDNS".into()),
             ("AUTH_MODE".into(), "webhook".into()),
             (

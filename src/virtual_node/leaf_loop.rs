@@ -163,7 +163,7 @@ impl Controller {
                         self.node_ports
                             .addr_of(&leaf.node_name)
                             .map(|a| a.port())
-                            .unwrap_or(self.config.node_server_port),
+                            .unwrap_or(self.node_server_port),
                     ),
                 }),
             }),

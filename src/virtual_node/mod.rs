@@ -61,6 +61,8 @@ pub struct Controller {
     pub leadership: Leadership,
     /// Each virtual node's own kubelet port on this replica (written into the Node).
     pub node_ports: NodePorts,
+    /// The shared kubelet port as bound (`NODE_SERVER_PORT`, or the free port taken for 0).
+    pub node_server_port: u16,
     pub metrics: Metrics,
     /// Readiness hears each leaf probe made here (the one probe of a leaf's health).
     pub health: Arc<crate::health::Health>,
