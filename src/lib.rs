@@ -117,7 +117,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
             .unwrap_or_else(|| root.default_namespace().to_string()),
     });
     spawn_until(&shutdown, controller.run());
-    let parts = KubeletApi {
+    let parts = NodeServers {
         csr,
         config,
         root,
@@ -285,8 +285,9 @@ fn elect_leader(
     leadership
 }
 
-/// What the kubelet API servers (the shared port and each virtual node's own) are built from.
-struct KubeletApi {
+/// What the node servers (the kubelet API on the shared port and on each virtual node's own)
+/// are built from.
+struct NodeServers {
     /// The CSR-issued serving certificate (`SERVING_CERT_MODE=csr`).
     csr: Option<Arc<serving_csr::CsrCert>>,
     config: Arc<Config>,
@@ -297,7 +298,7 @@ struct KubeletApi {
     node_ports: node_ports::NodePorts,
 }
 
-impl KubeletApi {
+impl NodeServers {
     /// Loads the certificates, binds `LEAF_NODE_IP:NODE_SERVER_PORT` and serves the kubelet
     /// API there and on each virtual node's port. The handle ends when the server has stopped
     /// and its sessions have ended or were cut after the grace period.
