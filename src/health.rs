@@ -181,16 +181,8 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, stop: Cancellatio
         ..Limits::default()
     });
     loop {
-        let (tcp, peer) = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(err) => {
-                    tracing::warn!(%err, "metrics port: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let Some((tcp, peer)) = crate::listener::next(&listener, &stop, "metrics").await else {
+            return;
         };
         let permit = match gate.connection(peer.ip()) {
             Ok(permit) => permit,

@@ -18,6 +18,7 @@ pub mod kubelet_request;
 pub mod leader;
 pub mod leaf;
 pub mod limits;
+pub mod listener;
 pub mod memory;
 pub mod metrics;
 pub mod node_overrides;

@@ -32,6 +32,7 @@ use crate::auth::Authenticator;
 use crate::counterpart::LeafPodMatch;
 use crate::leaf::Registry;
 use crate::limits::Gate;
+use crate::listener;
 use crate::metrics::Metrics;
 use crate::pod_index::PodIndex;
 use crate::relay::Relay;
@@ -102,17 +103,8 @@ pub async fn serve(
     let gate = server.gate.clone();
     let app = server.router();
     loop {
-        let (tcp, peer) = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let Some((tcp, peer)) = listener::next(&listener, &stop, "kubelet").await else {
+            return;
         };
         let _ = tcp.set_nodelay(true);
         // A stranger's idle TCP connections hold only the small handshake budget, never the
