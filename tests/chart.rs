@@ -1390,7 +1390,7 @@ fn relaylet_rejects_bad_values_the_schema_cannot_see_or_was_told_to_skip() {
     let r = Rendered::render(&ValueSet::defaults().with(&[
         "--skip-schema-validation",
         "--set",
-        "nodeServer.port=0",
+        "nodeServer.port=70000",
     ]));
     let out = check_config(&r, "10.0.0.7");
     assert!(!out.status.success());
