@@ -29,7 +29,7 @@ use serde::Deserialize;
 use crate::counterpart::LeafPodMatch;
 use crate::counterpart_proof::{self as counterpart, LeafPod, RootPod};
 use crate::leaf::{Leaf, Registry};
-use crate::virtual_node::quantity::Milli;
+use crate::quantity::Milli;
 
 /// Why a node's stats could not be gathered.
 #[derive(Debug, thiserror::Error)]

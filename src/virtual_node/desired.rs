@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSystemInf
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::quantity::Milli;
 use crate::config::ADDRESS_TYPES;
+use crate::quantity::Milli;
 
 /// The taint every virtual node carries unless its leaf Secret says otherwise: only pods that
 /// tolerate it (the multi-cluster scheduler's) land there.

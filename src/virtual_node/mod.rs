@@ -21,7 +21,6 @@ pub mod desired;
 mod leaf_loop;
 pub mod leaf_watch;
 mod node_lease;
-pub mod quantity;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
