@@ -34,6 +34,8 @@ fn worker() -> SimPod {
 fn settings() -> Settings {
     Settings {
         pods: vec![("leaf-1".into(), worker())],
+        // The test writes the leaves' metrics.k8s.io itself.
+        metrics_resolution: None,
         ..Settings::default()
     }
 }

@@ -9,7 +9,11 @@
 //!   certificate from files, the client CA read from the root), given the leaves as labelled
 //!   kubeconfig Secrets, with its own least-privilege identity in each cluster;
 //! - demo pods `demo-1` (leaf-1) and `demo-2` (leaf-2), container `main` logging a line a second
-//!   and serving HTTP on container port 8080, shown in the root on virtual nodes.
+//!   and serving HTTP on container port 8080, shown in the root on virtual nodes;
+//! - a metrics-server stand-in in every cluster, so `kubectl top` shows the processes' real CPU
+//!   and memory through the production path: leaf kubelets' `/metrics/resource` → the leaf's
+//!   `metrics.k8s.io` → relaylet's `/metrics/resource` per virtual node → the root's
+//!   `metrics.k8s.io`.
 //!
 //! Tests start the same thing through [`Sandbox::start`].
 
@@ -22,7 +26,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use relaylet_sim::apiserver::{Policy, Rule, UserInfo};
-use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
+use relaylet_sim::cluster::{Cluster, ClusterOptions, METRICS_SERVER_USER, SimContainer, SimPod};
+use relaylet_sim::metrics_server::MetricsServer;
 
 use relaylet::Running;
 use relaylet::config::Config;
@@ -97,7 +102,14 @@ pub struct Settings {
     pub root_tokens: Vec<(String, UserInfo)>,
     /// The leaf ClusterRole's rules; `None` uses `deploy/leaf-rbac.yaml` as shipped.
     pub leaf_rules: Option<Vec<PolicyRule>>,
+    /// How often the metrics-server stand-ins scrape (`--metric-resolution`); `None` runs none
+    /// (tests that write `metrics.k8s.io` objects themselves).
+    pub metrics_resolution: Option<Duration>,
 }
+
+/// The sandbox's metrics-server resolution: the shortest metrics-server accepts, so `kubectl
+/// top` has numbers about 30 s after start (two scrapes in the leaf, then two in the root).
+pub const METRICS_RESOLUTION: Duration = Duration::from_secs(10);
 
 impl Default for Settings {
     fn default() -> Self {
@@ -108,6 +120,7 @@ impl Default for Settings {
             root_rules: Vec::new(),
             root_tokens: Vec::new(),
             leaf_rules: None,
+            metrics_resolution: Some(METRICS_RESOLUTION),
         }
     }
 }
@@ -119,6 +132,8 @@ pub struct Sandbox {
     pub relaylet: Running,
     pub config: Config,
     pub shutdown: Shutdown,
+    /// The clusters' metrics-server stand-ins (stopped when dropped).
+    _metrics_servers: Vec<MetricsServer>,
     files: tempfile::TempDir,
 }
 
@@ -234,12 +249,19 @@ impl Sandbox {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
 
+        let mut metrics_servers = Vec::new();
+        if let Some(resolution) = settings.metrics_resolution {
+            for cluster in leaves.values().chain([&root]) {
+                metrics_servers.push(cluster.start_metrics_server(resolution)?);
+            }
+        }
         let sandbox = Sandbox {
             root,
             leaves,
             relaylet,
             config,
             shutdown,
+            _metrics_servers: metrics_servers,
             files,
         };
         for (index, name) in settings.leaves.iter().enumerate() {
@@ -375,6 +397,10 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     println!(
         "  kubectl get nodes -o wide; kubectl exec -it demo-1 -- sh; kubectl logs -f demo-2; kubectl port-forward demo-1 8080:8080"
     );
+    println!(
+        "  kubectl top pod; kubectl top node  (metrics-server stand-ins scrape every {}s: numbers after about 30 s)",
+        METRICS_RESOLUTION.as_secs()
+    );
     println!("Ctrl-C stops everything.");
     tokio::signal::ctrl_c().await?;
     sandbox.shutdown.begin.cancel();
@@ -464,6 +490,20 @@ fn root_rules() -> anyhow::Result<Vec<Rule>> {
             .verbs(&["*"])
             .non_resource_urls(&["*"]),
     ];
+    // metrics-server's own ClusterRole (`system:metrics-server` in its manifests): what relaylet's
+    // authorization asks the root about when the stand-in scrapes a virtual node.
+    rules.push(
+        Rule::user(METRICS_SERVER_USER)
+            .verbs(&["get"])
+            .api_groups(&[""])
+            .resources(&["nodes/metrics"]),
+    );
+    rules.push(
+        Rule::user(METRICS_SERVER_USER)
+            .verbs(&["get", "list", "watch"])
+            .api_groups(&[""])
+            .resources(&["pods", "nodes"]),
+    );
     for document in ROOT_MANIFEST.split("\n---\n") {
         let value: serde_json::Value =
             serde_saphyr::from_str(document).context("parsing deploy/relaylet.yaml")?;

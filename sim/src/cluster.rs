@@ -20,6 +20,8 @@ use crate::tls::{Ca, TlsError};
 
 /// The user kube-apiserver presents to kubelets (its `--kubelet-client-certificate`).
 pub const APISERVER_KUBELET_CLIENT: &str = "kube-apiserver-kubelet-client";
+/// The user metrics-server scrapes kubelets as (its ServiceAccount in the upstream manifests).
+pub const METRICS_SERVER_USER: &str = "system:serviceaccount:kube-system:metrics-server";
 
 /// Errors building a cluster.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +99,8 @@ pub struct Cluster {
     pub name: String,
     pub ca: Arc<Ca>,
     pub api: ApiServer,
+    /// How the apiserver (and so metrics-server) picks a node's address.
+    preferred_address_types: Vec<String>,
     kubelets: Mutex<HashMap<String, Arc<Kubelet>>>,
     data_dir: tempfile::TempDir,
 }
@@ -114,7 +118,7 @@ impl Cluster {
         // certificate but does not verify kubelet serving certificates.
         let mut kubelet =
             KubeletClient::new(crate::tls::insecure_client_config(Some(&kubelet_client))?);
-        kubelet.preferred_address_types = options.preferred_address_types;
+        kubelet.preferred_address_types = options.preferred_address_types.clone();
         config.kubelet = Some(kubelet);
         let api = ApiServer::start(config).await?;
         let data_dir = tempfile::Builder::new()
@@ -124,6 +128,7 @@ impl Cluster {
             name: options.name,
             ca,
             api,
+            preferred_address_types: options.preferred_address_types,
             kubelets: Mutex::new(HashMap::new()),
             data_dir,
         })
@@ -137,6 +142,24 @@ impl Cluster {
     /// A kubeconfig for a cluster admin.
     pub fn admin_kubeconfig(&self) -> Result<String, ClusterError> {
         self.kubeconfig("admin", &["system:masters"])
+    }
+
+    /// Starts a metrics-server stand-in for this cluster: it scrapes every Node's kubelet (at
+    /// the address the apiserver would dial) as [`METRICS_SERVER_USER`] every `resolution`
+    /// and fills `metrics.k8s.io`. Kubelets verify its client certificate, as they would
+    /// metrics-server's; its serving certificates it does not (`--kubelet-insecure-tls`).
+    pub fn start_metrics_server(
+        &self,
+        resolution: std::time::Duration,
+    ) -> Result<crate::metrics_server::MetricsServer, ClusterError> {
+        let identity = self.ca.issue_client(METRICS_SERVER_USER, &[])?;
+        let mut kubelets = KubeletClient::new(crate::tls::insecure_client_config(Some(&identity))?);
+        kubelets.preferred_address_types = self.preferred_address_types.clone();
+        Ok(crate::metrics_server::MetricsServer::start(
+            self.api.store().clone(),
+            kubelets,
+            resolution,
+        ))
     }
 
     /// Where this cluster keeps its files (kubelet logs and container directories).

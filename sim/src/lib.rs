@@ -10,6 +10,7 @@ pub mod channel;
 pub mod cluster;
 pub mod kubelet;
 pub mod kubelet_proxy;
+pub mod metrics_server;
 pub mod ports;
 pub mod serve;
 pub mod spdy;

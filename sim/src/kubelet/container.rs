@@ -32,6 +32,8 @@ pub struct Instance {
     stdin: Option<mpsc::Sender<Bytes>>,
     pty: Option<Arc<Pty>>,
     group: ProcessGroup,
+    /// When the main process started (`container_start_time_seconds`).
+    pub started_at: std::time::SystemTime,
 }
 
 /// Where an instance lives on disk and what it is called in errors.
@@ -141,7 +143,13 @@ impl Instance {
             stdin,
             pty,
             group: spawned.group,
+            started_at: std::time::SystemTime::now(),
         }))
+    }
+
+    /// The process group of the main process and everything it started (the container).
+    pub fn process_group(&self) -> Option<i32> {
+        self.group.id()
     }
 
     pub fn is_running(&self) -> bool {

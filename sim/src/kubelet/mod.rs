@@ -25,6 +25,7 @@ mod spdy_transport;
 mod status;
 mod streams;
 mod text;
+mod usage;
 mod websocket;
 mod ws_tunnel;
 

@@ -140,6 +140,14 @@ impl Pods {
             .cloned()
     }
 
+    /// Every pod, keyed by (namespace, name).
+    pub fn all(&self) -> Vec<((String, String), Arc<Pod>)> {
+        self.pods
+            .lock()
+            .map(|p| p.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    }
+
     /// Starts every container of `run` and registers the pod (replacing one of the same name).
     pub async fn run(&self, data_dir: &Path, run: PodRun) -> Result<(), KubeletError> {
         for part in [&run.namespace, &run.name, &run.uid] {

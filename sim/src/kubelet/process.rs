@@ -73,6 +73,11 @@ pub struct ProcessGroup {
 }
 
 impl ProcessGroup {
+    /// The group's id (its leader's pid), if the process started.
+    pub fn id(&self) -> Option<i32> {
+        self.pgid.map(Pid::as_raw)
+    }
+
     /// Sends SIGKILL to every process in the group. Harmless if they are gone already.
     pub fn kill(&self) {
         if let Some(pgid) = self.pgid {

@@ -60,6 +60,8 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
             "/containerLogs/{namespace}/{pod}/{container}",
             get(logs_route),
         )
+        // What metrics-server scrapes (cAdvisor's figures for the running containers).
+        .route("/metrics/resource", get(resource_metrics_route))
         // The kubelet's health check, which node proxies and probes use.
         .route("/healthz", get(|| async { text(StatusCode::OK, "ok") }))
         .fallback(|| async { text(StatusCode::NOT_FOUND, "404 page not found\n") })
@@ -67,6 +69,19 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
 }
 
 type Params = HashMap<String, String>;
+
+async fn resource_metrics_route(State(shared): State<Arc<Shared>>) -> Response {
+    // Reading /proc is blocking file I/O.
+    let text = tokio::task::spawn_blocking(move || super::usage::resource_metrics(&shared.pods))
+        .await
+        .unwrap_or_else(|_| "resource_scrape_error 1\n".to_string());
+    let mut response = Response::new(Body::from(text));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(super::usage::TEXT_CONTENT_TYPE),
+    );
+    response
+}
 
 /// The kubelet hands streaming requests to the runtime's streaming server through an
 /// upgrade-aware proxy that insists on an upgrade (`Connection: upgrade`); its error
