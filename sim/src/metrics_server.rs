@@ -5,8 +5,13 @@
 //! address types and `daemonEndpoints`), with a client certificate of its own. CPU is a counter
 //! there, so a container's (and a node's) CPU rate needs two scrapes: the difference of the
 //! counters over the difference of their sample timestamps; the window is that difference and
-//! the timestamp the newer sample's. A pod is reported only if it exists in the cluster and every
-//! container it was scraped with has a rate; what is no longer scraped stops being reported.
+//! the timestamp the newer sample's. It keeps metrics-server's rules (v0.8 `decodeBatch`,
+//! `storage`): a series with a zero CPU counter or memory is dropped (a pod with one such
+//! container entirely); a scrape whose samples are no newer keeps the previous point, so the
+//! rate survives it; a container that restarted, or whose counter went back, has no rate; a
+//! pod is reported only if it exists in the cluster and every container has two points; what
+//! is no longer scraped stops being reported. (Its shortcut for containers younger than one
+//! resolution is not modelled.)
 //! metrics-server serves from memory; the stand-in writes PodMetrics and NodeMetrics into the
 //! apiserver stand-in's store, which serves `metrics.k8s.io` read-only.
 
@@ -58,11 +63,14 @@ impl MetricsServer {
     }
 }
 
-/// A CPU counter and a memory gauge read at one time (milliseconds since the epoch).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A CPU counter (nanoseconds), a memory gauge and a start time, read at one time
+/// (milliseconds since the epoch): metrics-server's `MetricsPoint`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Point {
-    cpu_seconds: f64,
-    memory_bytes: f64,
+    cpu_ns: u64,
+    memory_bytes: u64,
+    /// When the container started (`container_start_time_seconds`, ms); 0 for a node.
+    start_ms: i64,
     at_ms: i64,
 }
 
@@ -77,57 +85,69 @@ struct Rate {
 }
 
 impl Rate {
-    /// The rate from `older` to `newer`; none if time did not move forward or the counter went
-    /// back (a restarted container starts its counter again).
-    fn between(older: Point, newer: Point) -> Option<Rate> {
-        let window_ms = newer.at_ms - older.at_ms;
-        let cpu = newer.cpu_seconds - older.cpu_seconds;
-        if window_ms <= 0 || cpu < 0.0 {
+    /// metrics-server's `resourceUsage(last, prev)`: none if the start time or the counter
+    /// went back (it logs and skips the container).
+    fn between(prev: Point, last: Point) -> Option<Rate> {
+        if last.start_ms < prev.start_ms || last.cpu_ns < prev.cpu_ns {
+            return None;
+        }
+        let window_ms = last.at_ms - prev.at_ms;
+        if window_ms <= 0 {
             return None;
         }
         Some(Rate {
-            nanocores: (cpu / (window_ms as f64 / 1000.0) * 1e9).round() as u64,
-            memory_bytes: newer.memory_bytes.max(0.0) as u64,
-            at_ms: newer.at_ms,
+            nanocores: ((last.cpu_ns - prev.cpu_ns) as f64 / (window_ms as f64 / 1000.0)) as u64,
+            memory_bytes: last.memory_bytes,
+            at_ms: last.at_ms,
             window_ms,
         })
     }
 }
 
+/// The newest point of a node or container and the one before it, as metrics-server stores
+/// them (`last`, `prev`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Stored {
+    last: Point,
+    prev: Option<Point>,
+}
+
+impl Stored {
+    /// metrics-server's `Store` step for one series: a newer point pushes the stored one to
+    /// `prev`; a point no newer keeps the stored `prev` if that is older still. A container
+    /// that started after the stored point was taken has restarted: no `prev`.
+    fn next(old: Option<&Stored>, new: Point) -> Stored {
+        let prev = old.and_then(|old| {
+            if new.start_ms > old.last.at_ms {
+                None
+            } else if new.at_ms > old.last.at_ms {
+                Some(old.last)
+            } else {
+                old.prev.filter(|p| p.at_ms < new.at_ms)
+            }
+        });
+        Stored { last: new, prev }
+    }
+
+    fn rate(&self) -> Option<Rate> {
+        Rate::between(self.prev?, self.last)
+    }
+}
+
 /// (namespace, pod).
 type PodKey = (String, String);
-/// (namespace, pod, container).
-type ContainerKey = (String, String, String);
 
-/// One node's scrape: the node's point and each container's.
+/// One round's scrape of every node: each node's point and each pod's containers' points.
 #[derive(Debug, Default, Clone, PartialEq)]
-struct Scrape {
-    node: Option<Point>,
-    containers: BTreeMap<ContainerKey, Point>,
-}
-
-/// A point while its samples are read.
-#[derive(Debug, Default)]
-struct Partial {
-    cpu_seconds: Option<f64>,
-    memory_bytes: Option<f64>,
-    at_ms: i64,
-}
-
-impl Partial {
-    fn point(&self) -> Option<Point> {
-        Some(Point {
-            cpu_seconds: self.cpu_seconds?,
-            memory_bytes: self.memory_bytes?,
-            at_ms: self.at_ms,
-        })
-    }
+struct Batch {
+    nodes: BTreeMap<String, Point>,
+    pods: BTreeMap<PodKey, BTreeMap<String, Point>>,
 }
 
 #[derive(Default)]
 struct State {
-    /// Each node's previous scrape.
-    previous: HashMap<String, Scrape>,
+    nodes: HashMap<String, Stored>,
+    pods: HashMap<PodKey, BTreeMap<String, Stored>>,
     /// What the last round wrote: (namespace, pod) and node names.
     written_pods: HashSet<PodKey>,
     written_nodes: HashSet<String>,
@@ -138,47 +158,89 @@ impl State {
         let Ok(nodes) = store.list_typed::<Node>(None) else {
             return;
         };
-        let pods: HashMap<PodKey, Pod> = store
-            .list_typed::<Pod>(None)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|p| {
-                let key = (p.metadata.namespace.clone()?, p.metadata.name.clone()?);
-                Some((key, p))
-            })
-            .collect();
-        let mut pods_now: HashSet<PodKey> = HashSet::new();
-        let mut nodes_now = HashSet::new();
+        let mut batch = Batch::default();
         for node in &nodes {
             let Some(name) = node.metadata.name.clone() else {
                 continue;
             };
-            let scrape = match scrape(kubelets, node).await {
-                Ok(scrape) => scrape,
-                Err(e) => {
-                    // metrics-server logs a failed node and goes on with the others.
-                    tracing::debug!(node = %name, error = %e, "metrics-server stand-in: scrape failed");
-                    self.previous.remove(&name);
-                    continue;
-                }
-            };
-            if let Some(old) = self.previous.get(&name) {
-                if let (Some(a), Some(b)) = (old.node, scrape.node)
-                    && let Some(rate) = Rate::between(a, b)
-                    && write(store, node_metrics(node, rate))
-                {
-                    nodes_now.insert(name.clone());
-                }
-                for ((namespace, pod_name), containers) in pod_rates(old, &scrape) {
-                    let key = (namespace, pod_name);
-                    if let Some(pod) = pods.get(&key)
-                        && write(store, pod_metrics(pod, &containers))
-                    {
-                        pods_now.insert(key);
+            match scrape(kubelets, node).await {
+                Ok(one) => {
+                    if let Some(point) = one.nodes.get("") {
+                        batch.nodes.insert(name, *point);
                     }
+                    batch.pods.extend(one.pods);
+                }
+                // metrics-server logs a failed node and goes on with the others.
+                Err(e) => {
+                    tracing::debug!(node = %name, error = %e, "metrics-server stand-in: scrape failed")
                 }
             }
-            self.previous.insert(name, scrape);
+        }
+        self.store(batch);
+        self.publish(store, &nodes);
+    }
+
+    /// Replaces the stored series with this round's, each keeping its `prev` as upstream does.
+    fn store(&mut self, batch: Batch) {
+        self.nodes = batch
+            .nodes
+            .into_iter()
+            .map(|(name, point)| {
+                let stored = Stored::next(self.nodes.get(&name), point);
+                (name, stored)
+            })
+            .collect();
+        self.pods = batch
+            .pods
+            .into_iter()
+            .map(|(key, containers)| {
+                let old = self.pods.get(&key);
+                let stored = containers
+                    .into_iter()
+                    .map(|(name, point)| {
+                        let s = Stored::next(old.and_then(|o| o.get(&name)), point);
+                        (name, s)
+                    })
+                    .collect();
+                (key, stored)
+            })
+            .collect();
+    }
+
+    /// Writes what metrics-server would answer now: a pod (existing in the cluster) whose every
+    /// container has two points, a node with two points; removes what it no longer would.
+    fn publish(&mut self, store: &Store, nodes: &[Node]) {
+        let mut pods_now: HashSet<PodKey> = HashSet::new();
+        for pod in store.list_typed::<Pod>(None).unwrap_or_default() {
+            let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name)
+            else {
+                continue;
+            };
+            let key = (namespace.clone(), name.clone());
+            let Some(containers) = self.pods.get(&key) else {
+                continue;
+            };
+            if containers.values().any(|c| c.prev.is_none()) {
+                continue;
+            }
+            let rates: Vec<(String, Rate)> = containers
+                .iter()
+                .filter_map(|(name, c)| Some((name.clone(), c.rate()?)))
+                .collect();
+            if write(store, pod_metrics(&pod, &rates)) {
+                pods_now.insert(key);
+            }
+        }
+        let mut nodes_now = HashSet::new();
+        for node in nodes {
+            let Some(name) = &node.metadata.name else {
+                continue;
+            };
+            if let Some(rate) = self.nodes.get(name).and_then(Stored::rate)
+                && write(store, node_metrics(node, rate))
+            {
+                nodes_now.insert(name.clone());
+            }
         }
         if let Some(kind) = kinds::lookup("metrics.k8s.io", "v1beta1", "pods") {
             for (namespace, name) in self.written_pods.difference(&pods_now) {
@@ -205,30 +267,8 @@ fn write(store: &Store, object: Value) -> bool {
     }
 }
 
-/// Each pod's container rates between two scrapes; a pod with any container lacking a rate is
-/// left out, as metrics-server leaves out a pod it cannot report whole.
-fn pod_rates(old: &Scrape, new: &Scrape) -> BTreeMap<PodKey, Vec<(String, Rate)>> {
-    // None once a container of the pod has no rate.
-    let mut pods: BTreeMap<PodKey, Option<Vec<(String, Rate)>>> = BTreeMap::new();
-    for ((namespace, pod, container), point) in &new.containers {
-        let rate = old
-            .containers
-            .get(&(namespace.clone(), pod.clone(), container.clone()))
-            .and_then(|older| Rate::between(*older, *point));
-        let entry = pods
-            .entry((namespace.clone(), pod.clone()))
-            .or_insert_with(|| Some(Vec::new()));
-        match (entry.as_mut(), rate) {
-            (Some(list), Some(rate)) => list.push((container.clone(), rate)),
-            _ => *entry = None,
-        }
-    }
-    pods.into_iter()
-        .filter_map(|(k, v)| Some((k, v?)))
-        .collect()
-}
-
-async fn scrape(kubelets: &KubeletClient, node: &Node) -> Result<Scrape, String> {
+/// One node's `/metrics/resource` as a batch (the node's point under the name "").
+async fn scrape(kubelets: &KubeletClient, node: &Node) -> Result<Batch, String> {
     let req = http::Request::get("/metrics/resource")
         .body(Body::empty())
         .map_err(|e| e.to_string())?;
@@ -244,54 +284,70 @@ async fn scrape(kubelets: &KubeletClient, node: &Node) -> Result<Scrape, String>
     parse(&text)
 }
 
-/// The samples metrics-server reads from the kubelet's text; other families are ignored.
-fn parse(text: &str) -> Result<Scrape, String> {
-    let mut node = Partial::default();
-    let mut containers: BTreeMap<ContainerKey, Partial> = BTreeMap::new();
+/// The samples metrics-server reads from the kubelet's text (its `decodeBatch`): a node point
+/// only if it has a time, CPU and memory; a pod only if every container has CPU and memory
+/// (a zero counts as missing, as upstream drops those); other families are ignored.
+fn parse(text: &str) -> Result<Batch, String> {
+    let mut node = Point::default();
+    let mut pods: BTreeMap<PodKey, BTreeMap<String, Point>> = BTreeMap::new();
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
         let sample = Sample::parse(line).ok_or_else(|| format!("bad sample line {line:?}"))?;
-        let container = || {
-            Some((
-                sample.label("namespace")?,
-                sample.label("pod")?,
-                sample.label("container")?,
-            ))
-        };
         match sample.name.as_str() {
             "resource_scrape_error" if sample.value != 0.0 => {
                 return Err("the kubelet reported resource_scrape_error 1".into());
             }
             "node_cpu_usage_seconds_total" => {
-                node.cpu_seconds = Some(sample.value);
+                node.cpu_ns = (sample.value * 1e9) as u64;
                 node.at_ms = sample.at_ms;
             }
-            "node_memory_working_set_bytes" => node.memory_bytes = Some(sample.value),
+            "node_memory_working_set_bytes" => {
+                node.memory_bytes = sample.value as u64;
+                node.at_ms = sample.at_ms;
+            }
             "container_cpu_usage_seconds_total" => {
-                if let Some(key) = container() {
-                    let c = containers.entry(key).or_default();
-                    c.cpu_seconds = Some(sample.value);
+                if let Some(c) = container_point(&mut pods, &sample) {
+                    c.cpu_ns = (sample.value * 1e9) as u64;
                     c.at_ms = sample.at_ms;
                 }
             }
             "container_memory_working_set_bytes" => {
-                if let Some(key) = container() {
-                    containers.entry(key).or_default().memory_bytes = Some(sample.value);
+                if let Some(c) = container_point(&mut pods, &sample) {
+                    c.memory_bytes = sample.value as u64;
+                    c.at_ms = sample.at_ms;
+                }
+            }
+            "container_start_time_seconds" => {
+                if let Some(c) = container_point(&mut pods, &sample) {
+                    c.start_ms = (sample.value * 1000.0) as i64;
                 }
             }
             _ => {}
         }
     }
-    Ok(Scrape {
-        node: node.point(),
-        containers: containers
-            .into_iter()
-            .filter_map(|(key, c)| Some((key, c.point()?)))
-            .collect(),
-    })
+    let complete = |p: &Point| p.at_ms != 0 && p.cpu_ns != 0 && p.memory_bytes != 0;
+    let mut batch = Batch::default();
+    if complete(&node) {
+        batch.nodes.insert(String::new(), node);
+    }
+    batch.pods = pods
+        .into_iter()
+        .filter(|(_, containers)| containers.values().all(complete))
+        .collect();
+    Ok(batch)
+}
+
+/// The point of the container a sample names (namespace, pod and container labels).
+fn container_point<'a>(
+    pods: &'a mut BTreeMap<PodKey, BTreeMap<String, Point>>,
+    sample: &Sample,
+) -> Option<&'a mut Point> {
+    let key = (sample.label("namespace")?, sample.label("pod")?);
+    let name = sample.label("container")?;
+    Some(pods.entry(key).or_default().entry(name).or_default())
 }
 
 /// One line of the Prometheus text format: `name{k="v",...} value [timestamp_ms]`.
@@ -378,23 +434,35 @@ fn rfc3339(at_ms: i64) -> String {
         .unwrap_or_default()
 }
 
-/// A usage as metrics-server writes it: CPU in nanocores, memory in bytes (Ki when whole).
+/// A usage as metrics-server writes it: Quantities in canonical form, CPU from nanocores
+/// (`250m`), memory in bytes with the largest binary suffix that is exact (`20Mi`).
 fn usage(rate: &Rate) -> Value {
-    let memory = if rate.memory_bytes.is_multiple_of(1024) {
-        format!("{}Ki", rate.memory_bytes / 1024)
-    } else {
-        rate.memory_bytes.to_string()
-    };
-    json!({"cpu": format!("{}n", rate.nanocores), "memory": memory})
+    json!({"cpu": cpu_quantity(rate.nanocores), "memory": memory_quantity(rate.memory_bytes)})
 }
 
+fn cpu_quantity(nanocores: u64) -> String {
+    match nanocores {
+        0 => "0".to_string(),
+        n if n.is_multiple_of(1_000_000_000) => (n / 1_000_000_000).to_string(),
+        n if n.is_multiple_of(1_000_000) => format!("{}m", n / 1_000_000),
+        n if n.is_multiple_of(1_000) => format!("{}u", n / 1_000),
+        n => format!("{n}n"),
+    }
+}
+
+fn memory_quantity(bytes: u64) -> String {
+    for (shift, suffix) in [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// A PodMetrics object; its time and window are the earliest container's, as upstream's.
 fn pod_metrics(pod: &Pod, containers: &[(String, Rate)]) -> Value {
-    let at_ms = containers.iter().map(|(_, r)| r.at_ms).max().unwrap_or(0);
-    let window_ms = containers
-        .iter()
-        .map(|(_, r)| r.window_ms)
-        .max()
-        .unwrap_or(0);
+    let earliest = containers.iter().map(|(_, r)| r).min_by_key(|r| r.at_ms);
+    let (at_ms, window_ms) = earliest.map_or((0, 0), |r| (r.at_ms, r.window_ms));
     json!({
         "apiVersion": "metrics.k8s.io/v1beta1",
         "kind": "PodMetrics",
@@ -430,27 +498,39 @@ fn node_metrics(node: &Node, rate: Rate) -> Value {
 mod tests {
     use super::*;
 
-    const TEXT: &str = "# HELP container_cpu_usage_seconds_total [STABLE] x
+    fn text(main_cpu: f64, side_cpu: f64, at: i64) -> String {
+        format!(
+            "# HELP container_cpu_usage_seconds_total [STABLE] x
 # TYPE container_cpu_usage_seconds_total counter
-container_cpu_usage_seconds_total{container=\"main\",namespace=\"default\",pod=\"a\"} 2 10000
-container_cpu_usage_seconds_total{container=\"side\",namespace=\"default\",pod=\"a\"} 1 10000
-container_memory_working_set_bytes{container=\"main\",namespace=\"default\",pod=\"a\"} 2048 10000
-container_memory_working_set_bytes{container=\"side\",namespace=\"default\",pod=\"a\"} 100 10000
-node_cpu_usage_seconds_total 3 10000
-node_memory_working_set_bytes 2148 10000
+container_cpu_usage_seconds_total{{container=\"main\",namespace=\"default\",pod=\"a\"}} {main_cpu} {at}
+container_cpu_usage_seconds_total{{container=\"side\",namespace=\"default\",pod=\"a\"}} {side_cpu} {at}
+container_memory_working_set_bytes{{container=\"main\",namespace=\"default\",pod=\"a\"}} 2097152 {at}
+container_memory_working_set_bytes{{container=\"side\",namespace=\"default\",pod=\"a\"}} 100 {at}
+container_start_time_seconds{{container=\"main\",namespace=\"default\",pod=\"a\"}} 1 {at}
+container_start_time_seconds{{container=\"side\",namespace=\"default\",pod=\"a\"}} 1 {at}
+node_cpu_usage_seconds_total {} {at}
+node_memory_working_set_bytes 2097252 {at}
 resource_scrape_error 0
-";
+",
+            main_cpu + side_cpu
+        )
+    }
 
-    fn later(cpu_main: f64, cpu_side: f64, at: i64) -> Scrape {
-        let text = TEXT
-            .replace("} 2 10000", &format!("}} {cpu_main} {at}"))
-            .replace("} 1 10000", &format!("}} {cpu_side} {at}"))
-            .replace(
-                "node_cpu_usage_seconds_total 3",
-                &format!("node_cpu_usage_seconds_total {}", cpu_main + cpu_side),
-            )
-            .replace("10000", &at.to_string());
-        parse(&text).expect("parses")
+    fn round(state: &mut State, text: &str) {
+        let mut batch = parse(text).expect("parses");
+        batch.nodes = batch
+            .nodes
+            .into_values()
+            .map(|p| ("n".to_string(), p))
+            .collect();
+        state.store(batch);
+    }
+
+    fn pod_rates(state: &State) -> Vec<(String, Option<Rate>)> {
+        state.pods[&("default".to_string(), "a".to_string())]
+            .iter()
+            .map(|(name, s)| (name.clone(), s.rate()))
+            .collect()
     }
 
     #[test]
@@ -467,29 +547,62 @@ resource_scrape_error 0
     }
 
     #[test]
-    fn a_rate_needs_two_scrapes_and_forward_time() {
-        let first = parse(TEXT).expect("parses");
-        assert_eq!(first.containers.len(), 2);
-        // 0.5 s of CPU over 2 s is 250m; the window is the 2 s between the samples.
-        let second = later(2.5, 1.0, 12000);
-        let rates = pod_rates(&first, &second);
-        let a = &rates[&("default".to_string(), "a".to_string())];
-        assert_eq!(a[0].0, "main");
+    fn a_rate_needs_two_points_and_survives_a_scrape_with_no_news() {
+        let mut state = State::default();
+        round(&mut state, &text(2.0, 1.0, 10_000));
         assert_eq!(
-            a[0].1,
-            Rate {
-                nanocores: 250_000_000,
-                memory_bytes: 2048,
-                at_ms: 12000,
-                window_ms: 2000
-            }
+            pod_rates(&state),
+            vec![("main".into(), None), ("side".into(), None)]
         );
-        assert_eq!(a[1].1.nanocores, 0);
-        // The same timestamp again gives no rate; nor does a counter that went back.
-        assert!(pod_rates(&second, &second).is_empty());
-        assert!(pod_rates(&second, &later(1.0, 1.0, 14000)).is_empty());
-        let node = Rate::between(first.node.expect("node"), second.node.expect("node"));
-        assert_eq!(node.map(|r| r.nanocores), Some(250_000_000));
+        // 0.5 s of CPU over 2 s is 250m; the window is the 2 s between the samples.
+        round(&mut state, &text(2.5, 1.0, 12_000));
+        let main = Rate {
+            nanocores: 250_000_000,
+            memory_bytes: 2_097_152,
+            at_ms: 12_000,
+            window_ms: 2_000,
+        };
+        assert_eq!(pod_rates(&state)[0], ("main".into(), Some(main)));
+        assert_eq!(pod_rates(&state)[1].1.map(|r| r.nanocores), Some(0));
+        assert_eq!(
+            state.nodes["n"].rate().map(|r| r.nanocores),
+            Some(250_000_000)
+        );
+        // A scrape whose samples are no newer (relaylet repeats a leaf's sample until the leaf
+        // has a new one) keeps the rate, as metrics-server keeps its previous point.
+        round(&mut state, &text(2.5, 1.0, 12_000));
+        assert_eq!(pod_rates(&state)[0], ("main".into(), Some(main)));
+        assert!(state.nodes["n"].rate().is_some());
+        // A counter that went back gives no rate for that container.
+        round(&mut state, &text(1.0, 1.0, 14_000));
+        assert_eq!(pod_rates(&state)[0].1, None);
+    }
+
+    #[test]
+    fn a_restarted_container_starts_without_a_previous_point() {
+        let mut state = State::default();
+        round(&mut state, &text(2.0, 1.0, 10_000));
+        round(&mut state, &text(2.5, 1.0, 12_000));
+        let restarted =
+            text(0.1, 1.0, 14_000).replacen("pod=\"a\"} 1 14000", "pod=\"a\"} 13 14000", 1);
+        round(&mut state, &restarted);
+        assert_eq!(pod_rates(&state)[0].1, None);
+        assert!(pod_rates(&state)[1].1.is_some());
+    }
+
+    #[test]
+    fn incomplete_or_zero_series_are_dropped_like_upstream() {
+        // A container with no CPU time makes its whole pod incomplete; the node stays.
+        let batch = parse(&text(0.0, 1.0, 10_000)).expect("parses");
+        assert!(batch.pods.is_empty());
+        assert_eq!(batch.nodes.len(), 1);
+        let no_memory = text(1.0, 1.0, 10_000).replace(
+            "node_memory_working_set_bytes 2097252",
+            "node_memory_working_set_bytes 0",
+        );
+        assert!(parse(&no_memory).expect("parses").nodes.is_empty());
+        assert!(parse("resource_scrape_error 1\n").is_err());
+        assert!(parse("garbage{\n").is_err());
     }
 
     #[test]
@@ -498,27 +611,32 @@ resource_scrape_error 0
             "metadata": {"name": "a", "namespace": "default", "labels": {"app": "x"}}
         }))
         .expect("pod");
-        let rate = Rate {
+        let rate = |at_ms, window_ms| Rate {
             nanocores: 250_000_000,
-            memory_bytes: 2048,
-            at_ms: 1_700_000_012_000,
-            window_ms: 1500,
+            memory_bytes: 20 << 20,
+            at_ms,
+            window_ms,
         };
-        let m = pod_metrics(&pod, &[("main".into(), rate)]);
+        let m = pod_metrics(
+            &pod,
+            &[
+                ("main".into(), rate(1_700_000_012_000, 1500)),
+                ("side".into(), rate(1_700_000_013_000, 2500)),
+            ],
+        );
         assert_eq!(m["metadata"]["labels"]["app"], "x");
         assert_eq!(m["window"], "1.5s");
         assert_eq!(m["timestamp"], "2023-11-14T22:13:32Z");
         assert_eq!(
             m["containers"][0]["usage"],
-            json!({"cpu": "250000000n", "memory": "2Ki"})
+            json!({"cpu": "250m", "memory": "20Mi"})
         );
         assert_eq!(go_duration(10_000), "10s");
         assert_eq!(go_duration(10_050), "10.05s");
-    }
-
-    #[test]
-    fn a_scrape_error_is_an_error() {
-        assert!(parse("resource_scrape_error 1\n").is_err());
-        assert!(parse("garbage{\n").is_err());
+        assert_eq!(cpu_quantity(1_000_000_000), "1");
+        assert_eq!(cpu_quantity(1_500), "1500n");
+        assert_eq!(cpu_quantity(12_000), "12u");
+        assert_eq!(memory_quantity(1000), "1000");
+        assert_eq!(memory_quantity(3 << 10), "3Ki");
     }
 }

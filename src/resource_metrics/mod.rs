@@ -13,7 +13,10 @@
 //! each container's counter starts at `rate × window` and grows by `rate × Δt` whenever the leaf
 //! reports a newer sample; the node's counter grows by the sum of its containers' increments,
 //! so it never goes backwards when a pod leaves. A rate computed by metrics-server between two
-//! scrapes is then exactly the leaf's rate.
+//! scrapes is then exactly the leaf's rate. A counter is never below [`LEAST_CPU_SECONDS`]:
+//! metrics-server drops a container whose cumulative CPU is 0 (and with it the whole pod; a
+//! node likewise), which a kubelet's never is, so an idle leaf pod would vanish from the root's
+//! `kubectl top`.
 
 pub mod encode;
 
@@ -30,6 +33,11 @@ use crate::counterpart::LeafPodMatch;
 use crate::counterpart_proof::{self as counterpart, LeafPod, RootPod};
 use crate::leaf::{Leaf, Registry};
 use crate::quantity::Milli;
+
+/// The least a CPU counter reports: 1 µs, which survives metrics-server's conversion of the
+/// text's seconds to whole nanoseconds (a kubelet's counter is never 0: starting a process
+/// takes CPU).
+pub const LEAST_CPU_SECONDS: f64 = 1e-6;
 
 /// Why a node's stats could not be gathered.
 #[derive(Debug, thiserror::Error)]
@@ -300,7 +308,7 @@ impl Counters {
                         *total
                     }
                     None => {
-                        let first = cores * window;
+                        let first = (cores * window).max(LEAST_CPU_SECONDS);
                         counters.containers.insert(key, (timestamp, first));
                         node_increment += first;
                         first
@@ -337,7 +345,7 @@ impl Counters {
         NodeUsage {
             node: node.to_string(),
             timestamp,
-            cpu_seconds: *node_total,
+            cpu_seconds: node_total.max(LEAST_CPU_SECONDS),
             cpu_cores: out.iter().map(PodUsage::cpu_cores).sum(),
             memory_bytes: out.iter().map(PodUsage::memory_bytes).sum(),
             pods: out,
@@ -497,6 +505,33 @@ mod tests {
         );
         assert!((third.pods[0].cpu_seconds() - 8.0).abs() < 1e-9);
         assert!((third.cpu_seconds - 38.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_idle_container_and_its_node_never_report_zero_cpu_seconds() {
+        // metrics-server (v0.8 decodeBatch) drops a container whose counter is 0, and the
+        // whole pod with it: an idle leaf pod would vanish from the root's kubectl top.
+        let mut c = Counters::default();
+        let idle = root_pod("idle");
+        let pods = vec![proven(&idle, "default")];
+        let at = |t: &str| vec![leaf_metrics("default", "idle", t, "0", "1Mi")];
+        let first = c.combine("vn", &pods, at("2026-01-01T00:00:00Z"), Timestamp::now());
+        assert_eq!(first.pods[0].cpu_seconds(), LEAST_CPU_SECONDS);
+        assert_eq!(first.cpu_seconds, LEAST_CPU_SECONDS);
+        // Seen by metrics-server as whole nanoseconds, as it parses the text.
+        let text = encode::encode_resource_metrics(Some(&first));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("container_cpu_usage_seconds_total{"))
+            .expect("a container sample");
+        let seconds: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!((seconds * 1e9) as u64 > 0, "{line}");
+        // Later idle samples add nothing: the rate metrics-server derives stays 0.
+        let later = c.combine("vn", &pods, at("2026-01-01T00:00:10Z"), Timestamp::now());
+        assert_eq!(later.pods[0].cpu_seconds(), LEAST_CPU_SECONDS);
+        // A node with no pods at all still reports a counter above 0.
+        let empty = c.combine("vn2", &[], Vec::new(), Timestamp::now());
+        assert_eq!(empty.cpu_seconds, LEAST_CPU_SECONDS);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! built from it: the endpoint metrics-server scrapes.
 //!
 //! A container here is its main process's process group, so its CPU time and memory are the
-//! sums over the processes in that group, read from `/proc` (`utime + stime` and the resident
-//! set; the RSS stands in for cgroup's working set). The node's figures are the sum of its
+//! sums over the processes in that group, read from `/proc`: CPU from every thread's
+//! `schedstat` (nanoseconds on a CPU, as precise as a cgroup's `cpuacct`; the 10 ms ticks of
+//! `stat` would show a sleeping container as 0, which metrics-server drops), memory the resident
+//! set (standing in for the cgroup's working set). The node's figures are the sum of its
 //! containers: this node runs nothing else. Each sample is stamped with the time it was read,
 //! which is what metrics-server computes CPU rates from.
 
@@ -29,6 +31,18 @@ impl Usage {
         self.cpu_seconds += other.cpu_seconds;
         self.memory_bytes += other.memory_bytes;
     }
+}
+
+/// Nanoseconds on a CPU of every thread of `pid`, if the kernel keeps scheduler statistics.
+fn schedstat_seconds(proc_dir: &std::path::Path) -> Option<f64> {
+    let mut ns: u64 = 0;
+    for task in std::fs::read_dir(proc_dir.join("task")).ok()?.flatten() {
+        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 / 1e9)
 }
 
 /// From one `/proc/<pid>/stat` line: (process group, CPU clock ticks, resident pages).
@@ -77,7 +91,7 @@ pub fn read_groups(groups: &[i32]) -> Vec<Usage> {
         };
         if let Some(i) = groups.iter().position(|g| *g == pgrp) {
             usage[i].add(Usage {
-                cpu_seconds: cpu_ticks as f64 / ticks,
+                cpu_seconds: schedstat_seconds(&entry.path()).unwrap_or(cpu_ticks as f64 / ticks),
                 memory_bytes: pages * page,
             });
         }
@@ -238,6 +252,32 @@ mod tests {
     fn a_stat_line_with_spaces_and_parentheses_in_the_name_parses() {
         let line = "4242 (my (odd) prog) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 123 10000000 321 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
         assert_eq!(parse_stat(line), Some((4242, 300, 321)));
+    }
+
+    #[test]
+    fn a_sleeping_process_has_some_cpu_time_already() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .expect("sleep starts");
+        let group = child.id() as i32;
+        let mut usage = Usage::default();
+        // exec itself puts the process on a CPU; wait for it to have run.
+        for _ in 0..500 {
+            usage = read_groups(&[group])[0];
+            if usage.cpu_seconds > 0.0 && usage.memory_bytes > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            usage.cpu_seconds > 0.0 && usage.cpu_seconds < 1.0,
+            "{usage:?}"
+        );
+        assert!(usage.memory_bytes > 0, "{usage:?}");
     }
 
     #[test]
