@@ -442,3 +442,163 @@ fn kube_rs_exec_through_the_real_root() {
         assert_eq!(code.as_deref(), Some("4"));
     });
 }
+
+/// A shell spinning on a CPU; logs one `tick` first (what `sync_pod_from` waits for).
+fn spinner(namespace: &str, name: &str, node: &str, root_uid: Option<&str>) -> String {
+    let annotations = match root_uid {
+        Some(uid) => serde_json::json!({"relaylet.io/root-pod-uid": uid}),
+        None => serde_json::json!({}),
+    };
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{
+                "name": "main", "image": "local/sh",
+                "command": ["sh", "-c", "echo tick; while :; do :; done"],
+            }],
+        },
+    })
+    .to_string()
+}
+
+/// CPU nanocores and memory bytes of a PodMetrics' first container, and its timestamp.
+fn pod_metrics(kubeconfig: &std::path::Path, pod: &str) -> Option<(String, u64, u64)> {
+    let k = kubectl("1.35");
+    let out = Run::new(
+        &k,
+        kubeconfig,
+        &[
+            "get",
+            "--raw",
+            &format!("/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/{pod}"),
+        ],
+    )
+    .output();
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let usage = &m["containers"][0]["usage"];
+    let cpu = usage["cpu"].as_str()?;
+    let nanocores = match cpu.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        None => cpu.parse::<u64>().ok()? * 1_000_000_000,
+        Some((i, _)) => {
+            let n: u64 = cpu[..i].parse().ok()?;
+            n * match &cpu[i..] {
+                "m" => 1_000_000,
+                "u" => 1_000,
+                "n" => 1,
+                _ => return None,
+            }
+        }
+    };
+    let memory = usage["memory"].as_str()?;
+    let bytes = match memory.find(|c: char| c.is_ascii_alphabetic()) {
+        None => memory.parse().ok()?,
+        Some(i) => {
+            let n: u64 = memory[..i].parse().ok()?;
+            n << match &memory[i..] {
+                "Ki" => 10,
+                "Mi" => 20,
+                "Gi" => 30,
+                _ => return None,
+            }
+        }
+    };
+    Some((m["timestamp"].as_str()?.to_string(), nanocores, bytes))
+}
+
+/// `kubectl top` in the root through real metrics-servers: one in each leaf scraping its
+/// leafkubelet (`/metrics/resource` from the containers' processes) and serving the leaf's
+/// `metrics.k8s.io` through the leaf apiserver's aggregation, where relaylet reads it with its
+/// least-privilege leaf identity; one in the root scraping relaylet's per-node kubelet ports
+/// with its ServiceAccount token (relaylet authenticates it with a TokenReview and authorizes
+/// `nodes/metrics` with a SubjectAccessReview), aggregated by the root apiserver.
+#[test]
+fn kubectl_top_through_real_metrics_servers() {
+    use relaylet_dev::testkit::realk8s::metrics_server::Scraping;
+    let w = world();
+    let _leaf_metrics: Vec<_> = ["leaf-1", "leaf-2"]
+        .iter()
+        .map(|leaf| {
+            w.leaf(leaf).start_metrics_server(Scraping {
+                client_certificate: true,
+                verify_kubelets: true,
+            })
+        })
+        .collect();
+    let _root_metrics = w.root.start_metrics_server(Scraping {
+        client_certificate: false,
+        verify_kubelets: false,
+    });
+    w.sync_pod_from("leaf-1", "default", "spinner", spinner);
+
+    // Metrics need two scrapes in a leaf, then two of relaylet in the root (10 s apart).
+    let leaf_1 = &w.leaf("leaf-1").admin_kubeconfig;
+    for kubectl_version in ["1.27", "1.35"] {
+        let k = kubectl(kubectl_version);
+        let mut rows = std::collections::BTreeMap::new();
+        support::wait_until(
+            &format!("kubectl {kubectl_version} top pod in the root lists spinner, demo and other"),
+            std::time::Duration::from_secs(150),
+            || {
+                let out =
+                    Run::new(&k, w.root_kubeconfig(), &["top", "pod", "--no-headers"]).output();
+                rows = text(&out.stdout)
+                    .lines()
+                    .filter_map(|l| {
+                        let f: Vec<&str> = l.split_whitespace().collect();
+                        let cpu: u64 = f.get(1)?.strip_suffix('m')?.parse().ok()?;
+                        let mem: u64 = f.get(2)?.strip_suffix("Mi")?.parse().ok()?;
+                        Some((f[0].to_string(), (cpu, mem)))
+                    })
+                    .collect();
+                ["spinner", "demo", "other"]
+                    .iter()
+                    .all(|p| rows.contains_key(*p))
+            },
+        );
+        assert!(
+            rows["spinner"].0 > rows["demo"].0 && rows["spinner"].0 >= 100,
+            "kubectl {kubectl_version}: the spinner's CPU shows through the chain: {rows:?}"
+        );
+        assert!(
+            rows["demo"].1 >= 5,
+            "a Python process holds megabytes: {rows:?}"
+        );
+        let out = Run::new(&k, w.root_kubeconfig(), &["top", "node", "--no-headers"]).output();
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&k, &out));
+        for node in ["relaylet-leaf-1", "relaylet-leaf-2"] {
+            assert!(text(&out.stdout).contains(node), "{}", describe(&k, &out));
+        }
+    }
+
+    // The root's numbers are the leaf's: once both report the same leaf measurement, the
+    // memory is the same and the CPU the leaf's rate (relaylet reads it in millicores).
+    let mut last = None;
+    support::wait_until(
+        "the root and leaf-1 PodMetrics of demo from the same leaf measurement",
+        std::time::Duration::from_secs(60),
+        || {
+            let (root, leaf) = (
+                pod_metrics(w.root_kubeconfig(), "demo"),
+                pod_metrics(leaf_1, "demo"),
+            );
+            last = Some((root.clone(), leaf.clone()));
+            matches!((root, leaf), (Some(r), Some(l)) if r.0 == l.0)
+        },
+    );
+    let Some((Some(root), Some(leaf))) = last else {
+        unreachable!()
+    };
+    assert_eq!(root.2, leaf.2, "memory: root {root:?}, leaf {leaf:?}");
+    assert!(
+        root.1.abs_diff(leaf.1) <= 2_000_000,
+        "CPU within 2m: root {root:?}, leaf {leaf:?}"
+    );
+
+    w.root
+        .kubectl_ok(&["delete", "pod", "spinner", "--wait=false"]);
+    w.leaf("leaf-1")
+        .kubectl_ok(&["delete", "pod", "spinner", "--wait=false"]);
+}

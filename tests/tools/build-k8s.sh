@@ -7,6 +7,7 @@
 #   kube-apiserver, kube-controller-manager  k8s.io/kubernetes (tests/realk8s/k8s/go.mod)
 #   etcd                                     go.etcd.io/etcd/server/v3 (tests/realk8s/etcd)
 #   leafkubelet                              our small kubelet on the kubelet's streaming code
+#   metrics-server                           sigs.k8s.io/metrics-server (tests/realk8s/metrics-server)
 #
 # Cache: $RELAYLET_K8S_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/relaylet/k8s. Nothing built
 # lands in the repository. A component that does not build stops this script with Go's error.
@@ -21,16 +22,19 @@ cache="${RELAYLET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/k8s}"
 
 k8s_version="$(cd "$src/k8s" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 etcd_version="$(cd "$src/etcd" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
-[ -n "$k8s_version" ] && [ -n "$etcd_version" ] || {
+ms_version="$(cd "$src/metrics-server" && go list -m -f '{{.Version}}' sigs.k8s.io/metrics-server)"
+[ -n "$k8s_version" ] && [ -n "$etcd_version" ] && [ -n "$ms_version" ] || {
   echo "build-k8s.sh: cannot read the pinned versions from $src/*/go.mod" >&2
   exit 1
 }
 # The upstream components are keyed by the pins alone, leafkubelet by its source as well, so
 # changing leafkubelet does not relink kube-apiserver.
 pins="$(cat "$src/k8s/go.mod" "$src/k8s/go.sum" "$src/etcd/go.mod" "$src/etcd/go.sum" | sha256sum | cut -c1-16)"
-ours="$({ cat "$src/k8s/go.sum"; find "$src" -name '*.go' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)"
+ours="$({ cat "$src/k8s/go.sum"; find "$src/k8s" -name '*.go' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)"
+ms_pins="$(cat "$src/metrics-server/go.mod" "$src/metrics-server/go.sum" | sha256sum | cut -c1-16)"
 bin="$cache/$k8s_version-etcd-$etcd_version-$pins/bin"
 own="$cache/leafkubelet-$ours/bin"
+ms="$cache/metrics-server-$ms_version-$ms_pins/bin"
 
 build() {
   local dir="$1" dest="$2" out="$3" pkg="$4" ldflags="${5:-}"
@@ -41,7 +45,7 @@ build() {
   fi
 }
 
-mkdir -p "$bin" "$own"
+mkdir -p "$bin" "$own" "$ms"
 minor="${k8s_version#v1.}"
 minor="${minor%%.*}"
 version_flags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
@@ -50,6 +54,8 @@ build "$src/k8s" "$bin" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$ve
 build "$src/k8s" "$bin" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$version_flags"
 build "$src/k8s" "$own" leafkubelet ./cmd/leafkubelet "$version_flags"
 ln -sf "$own/leafkubelet" "$bin/leafkubelet"
+build "$src/metrics-server" "$ms" metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server
+ln -sf "$ms/metrics-server" "$bin/metrics-server"
 
-echo "build-k8s.sh: kubernetes $k8s_version, etcd $etcd_version" >&2
+echo "build-k8s.sh: kubernetes $k8s_version, etcd $etcd_version, metrics-server $ms_version" >&2
 echo "$bin"

@@ -55,7 +55,7 @@ pub struct Process {
 }
 
 impl Process {
-    fn spawn(name: &str, dir: &Path, program: &Path, args: &[String]) -> Process {
+    pub(super) fn spawn(name: &str, dir: &Path, program: &Path, args: &[String]) -> Process {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file");
@@ -75,7 +75,7 @@ impl Process {
     }
 
     /// Panics with the process's output if it has exited.
-    fn assert_running(&mut self) {
+    pub(super) fn assert_running(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {
             let output = std::fs::read_to_string(&self.log).unwrap_or_default();
             let tail: String = output
@@ -127,7 +127,7 @@ fn kill_at_exit(pid: u32) {
 }
 
 /// Waits until `ready` holds, checking `processes` are alive; fails loudly after `within`.
-fn wait_until(
+pub(super) fn wait_until(
     what: &str,
     within: Duration,
     processes: &mut [&mut Process],
@@ -504,6 +504,15 @@ impl ControlPlane {
                     .is_ok_and(|o| o.status.success())
             },
         );
+    }
+
+    /// The apiserver's `--kubelet-preferred-address-types`.
+    pub fn preferred_address_types(&self) -> String {
+        self.apiserver_args
+            .iter()
+            .find_map(|a| a.strip_prefix("--kubelet-preferred-address-types="))
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// Restarts kube-apiserver with another `--kubelet-preferred-address-types`.

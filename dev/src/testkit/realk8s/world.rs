@@ -315,9 +315,21 @@ impl World {
     /// container serves HTTP on port 8080 (its local port in PORT_8080), logs a line a second
     /// and answers each line on its stdin with `got <line>`.
     pub fn sync_pod(&self, leaf: &str, namespace: &str, name: &str) {
+        self.sync_pod_from(leaf, namespace, name, demo_pod);
+    }
+
+    /// [`sync_pod`](Self::sync_pod) with another manifest: `manifest(namespace, name, node,
+    /// root_uid)`; its container must log a line with `tick` once it runs.
+    pub fn sync_pod_from(
+        &self,
+        leaf: &str,
+        namespace: &str,
+        name: &str,
+        manifest: fn(&str, &str, &str, Option<&str>) -> String,
+    ) {
         self.root.kubectl_stdin_ok(
             &["create", "-f", "-"],
-            Some(&demo_pod(namespace, name, &virtual_node(leaf), None)),
+            Some(&manifest(namespace, name, &virtual_node(leaf), None)),
         );
         let uid = self.root.kubectl_ok(&[
             "get",
@@ -330,7 +342,7 @@ impl World {
         ]);
         self.leaf(leaf).kubectl_stdin_ok(
             &["create", "-f", "-"],
-            Some(&demo_pod(
+            Some(&manifest(
                 namespace,
                 name,
                 &leaf_node(leaf),

@@ -1,6 +1,7 @@
 // The kubelet API of leafkubelet: the routes the leaf apiserver calls (exec, attach,
-// portForward, containerLogs, healthz), served with the kubelet's streaming code for the
-// upgrades, and the local processes behind them.
+// portForward, containerLogs, healthz) and the one metrics-server scrapes (metrics/resource,
+// metrics.go), served with the kubelet's streaming code for the upgrades, and the local
+// processes behind them.
 
 package main
 
@@ -42,6 +43,7 @@ func (h *host) routes() http.Handler {
 	mux.HandleFunc("/attach/", h.serveAttach)
 	mux.HandleFunc("/portForward/", h.servePortForward)
 	mux.HandleFunc("/containerLogs/", h.serveLogs)
+	mux.HandleFunc("/metrics/resource", h.serveResourceMetrics)
 	return mux
 }
 
