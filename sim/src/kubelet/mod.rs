@@ -127,6 +127,8 @@ pub struct Kubelet {
 impl Kubelet {
     /// Binds `cfg.listen` and serves the kubelet API over HTTPS.
     pub async fn start(cfg: KubeletConfig) -> Result<Kubelet, KubeletError> {
+        // Its processes must not outlive the process that runs it, dropped or not.
+        process::kill_every_group_at_exit();
         tokio::fs::create_dir_all(&cfg.data_dir)
             .await
             .map_err(|e| KubeletError::Io(format!("creating {}: {e}", cfg.data_dir.display())))?;

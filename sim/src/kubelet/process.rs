@@ -72,7 +72,46 @@ pub struct ProcessGroup {
     pgid: Option<Pid>,
 }
 
+/// Every process group a kubelet stand-in started and has not dropped yet. Clusters that live
+/// in statics (a test binary's sandbox) are never dropped, so without this their processes
+/// would outlive the test process: `kill_every_group_at_exit` kills them when it exits.
+static LIVE_GROUPS: std::sync::Mutex<std::collections::BTreeSet<i32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Sends SIGKILL to every process group still registered as live.
+fn kill_live_groups() {
+    let groups = std::mem::take(&mut *LIVE_GROUPS.lock().unwrap_or_else(|e| e.into_inner()));
+    for pgid in groups {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+}
+
+/// Makes the process kill every process group still live when it exits normally (once).
+pub fn kill_every_group_at_exit() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    extern "C" fn kill_all() {
+        kill_live_groups();
+    }
+    // SAFETY: `kill_all` only takes a lock and sends signals; it is registered once and runs
+    // at normal process exit.
+    REGISTERED.call_once(|| unsafe {
+        nix::libc::atexit(kill_all);
+    });
+}
+
 impl ProcessGroup {
+    /// The group `child` leads (it was started as a group leader), registered as live.
+    fn of(child: &Child) -> ProcessGroup {
+        let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+        if let Some(pgid) = pgid {
+            LIVE_GROUPS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(pgid.as_raw());
+        }
+        ProcessGroup { pgid }
+    }
+
     /// The group's id (its leader's pid), if the process started.
     pub fn id(&self) -> Option<i32> {
         self.pgid.map(Pid::as_raw)
@@ -90,6 +129,12 @@ impl ProcessGroup {
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         self.kill();
+        if let Some(pgid) = self.pgid {
+            LIVE_GROUPS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&pgid.as_raw());
+        }
     }
 }
 
@@ -129,9 +174,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, ProcessError> {
         // Our copies of the slave side were moved into `cmd`; drop it so that the master sees
         // EOF (EIO) once the process and its children have closed the terminal.
         drop(cmd);
-        let group = ProcessGroup {
-            pgid: child.id().map(|id| Pid::from_raw(id as i32)),
-        };
+        let group = ProcessGroup::of(&child);
         let pty = Pty::new(pair.master).map_err(ProcessError::PtyIo)?;
         Ok(Spawned {
             child,
@@ -148,9 +191,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, ProcessError> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(spawn_err)?;
-        let group = ProcessGroup {
-            pgid: child.id().map(|id| Pid::from_raw(id as i32)),
-        };
+        let group = ProcessGroup::of(&child);
         let stdin = child.stdin.take();
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(spawn_err(std::io::Error::other("missing output pipes")));
@@ -292,5 +333,53 @@ impl OutputSource {
         }
         buf.truncate(n);
         Some(Bytes::from(buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+    }
+
+    #[tokio::test]
+    async fn a_group_never_dropped_is_killed_by_the_exit_hook() {
+        let argv = [
+            "sh".to_string(),
+            "-c".into(),
+            "sleep 1000 & exec sleep 1000".into(),
+        ];
+        let spawned = spawn(&SpawnSpec {
+            argv: &argv,
+            env: &[],
+            cwd: Path::new("/"),
+            stdin: false,
+            tty: false,
+            size: None,
+        })
+        .expect("spawns");
+        let pgid = spawned.group.id().expect("a group");
+        // Like a cluster in a static: its handles are never dropped.
+        let Spawned { child, group, io } = spawned;
+        std::mem::forget(group);
+        std::mem::forget(io);
+        std::mem::forget(child);
+        assert!(alive(pgid));
+        kill_live_groups();
+        // Wait for the kill to land (bounded against a hang).
+        for _ in 0..500 {
+            if !alive(pgid) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(!alive(pgid), "the group's leader is gone");
+        assert!(!LIVE_GROUPS.lock().unwrap().contains(&pgid));
     }
 }

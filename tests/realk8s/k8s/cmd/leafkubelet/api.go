@@ -137,7 +137,7 @@ func (h *host) ExecInContainer(ctx context.Context, key string, uid types.UID, c
 	if tty {
 		return runWithTTY(proc, in, out, resize)
 	}
-	proc.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	proc.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	proc.Stdout, proc.Stderr = out, errOut
 	if in != nil {
 		stdin, err := proc.StdinPipe()

@@ -310,7 +310,9 @@ func (h *host) runOnce(ctx context.Context, run *podRun, c *containerRun) (int, 
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = containerEnv(&c.spec, run.ports)
 	cmd.Dir = c.dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own group (the container); killed with leafkubelet, which tests stop with SIGKILL, so
+	// no container outlives the test that ran it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return -1, err
