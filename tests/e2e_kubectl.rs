@@ -517,38 +517,45 @@ fn logs_follow_streams_and_stops_with_the_client() {
     );
 }
 
-/// Killing kubectl mid-session ends the process in the leaf. The remote `sleep` would run for
-/// two hours and relaylet's idle timeout is 4 h, so only the client's death can end it.
+/// Killing kubectl mid-session ends the session in the leaf. The remote shell waits for its
+/// stdin to end and only then runs `sleep <marker>`; kubectl's stdin stays open and relaylet's
+/// idle timeout is 4 h, so only relaylet ending the leaf session after the client died can
+/// close that stdin. (The process itself then runs on, as with a real container runtime,
+/// which does not kill an exec whose client left.)
 #[test]
 fn killed_client_ends_the_leaf_session() {
     let e = env(settings);
     for (k, spdy) in variants() {
         let marker = format!("{}", 7000 + k.minor() * 2 + u32::from(spdy));
+        let script = format!("echo started; cat >/dev/null; exec sleep {marker}");
         let mut cmd = run(
             &k,
             spdy,
             &e.kubeconfig,
-            &["exec", "demo-1", "--", "sleep", &marker],
+            &["exec", "-i", "demo-1", "--", "sh", "-c", &script],
         )
         .command();
-        cmd.stdout(Stdio::null())
+        cmd.stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .stdin(Stdio::null());
+            .stdin(Stdio::piped());
         let mut child = cmd.spawn().expect("kubectl exec runs");
-        wait_until(
-            &format!("kubectl {} spdy={spdy}: the remote sleep starts", k.version),
-            HANG,
-            || sleep_running(&marker),
-        );
+        let mut first = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+            &mut first,
+        )
+        .expect("the remote shell starts");
+        assert_eq!(first, "started\n");
+        assert!(!sleep_running(&marker), "stdin is still open");
         child.kill().expect("kill kubectl");
         let _ = child.wait();
         wait_until(
             &format!(
-                "kubectl {} spdy={spdy}: the leaf process ends after the client died",
+                "kubectl {} spdy={spdy}: the leaf session ends after the client died (stdin closed)",
                 k.version
             ),
             HANG,
-            || !sleep_running(&marker),
+            || sleep_running(&marker),
         );
     }
 }

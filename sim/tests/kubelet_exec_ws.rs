@@ -296,11 +296,14 @@ async fn raw_websocket_v5_close_and_stdin_only_greeting() {
     .unwrap();
 }
 
+/// A container runtime does not end an exec whose client left (containerd and CRI-O alike:
+/// kubernetes/kubernetes#89031, kubernetes/kubectl#1076): the process only loses its stdin, and
+/// it dies with its container.
 #[tokio::test]
-async fn client_disconnect_kills_the_exec_process() {
+async fn client_disconnect_leaves_the_exec_process_running_until_its_container_ends() {
     let h = harness_with_pod("exec-kill").await;
     timeout(T, async {
-        let path = "/exec/default/web/main?command=sh&command=-c&command=echo+%24%24%3B+exec+sleep+1000&output=1";
+        let path = "/exec/default/web/main?command=sh&command=-c&command=echo+%24%24%3B+cat+%3E%2Fdev%2Fnull%3B+echo+eof+%3E+stdin-closed%3B+exec+sleep+1000&stdin=1&output=1";
         let (mut ws, _) = h.websocket(path, "v4.channel.k8s.io").await.unwrap();
         let mut pid_text = String::new();
         while !pid_text.ends_with('\n') {
@@ -311,11 +314,24 @@ async fn client_disconnect_kills_the_exec_process() {
         let pid = nix::unistd::Pid::from_raw(pid_text.trim().parse().unwrap());
         assert!(support::is_alive(pid.as_raw()), "process should run");
         drop(ws);
-        loop {
-            if !support::is_alive(pid.as_raw()) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        // The event: the process saw its stdin end (it writes the file next).
+        let marker = h
+            .data_dir
+            .join("containers/default_web_uid-web/main/stdin-closed");
+        while !marker.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // It went on to exec sleep (same pid) rather than being killed.
+        let mut cmdline = String::new();
+        while !cmdline.starts_with("sleep") {
+            cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            assert!(support::is_alive(pid.as_raw()), "the exec process was killed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Its container ends: so does the exec process.
+        h.kubelet.remove_pod("default", "web").await;
+        while support::is_alive(pid.as_raw()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
@@ -372,7 +388,7 @@ async fn request_errors_match_the_kubelet() {
 }
 
 #[tokio::test]
-async fn idle_sessions_are_closed_and_their_process_killed() {
+async fn idle_sessions_are_closed_and_their_process_left_running() {
     support::init_crypto();
     // A current-thread test runtime: the kubelet's tasks log to this thread's subscriber.
     let log = Captured::default();
@@ -420,6 +436,10 @@ async fn idle_sessions_are_closed_and_their_process_killed() {
             log.contains("streaming connection idle, closing timeout=400ms"),
             "{log}"
         );
+        // The kubelet closed the connection, not the process (a runtime leaves it running);
+        // it ends with its container.
+        assert!(support::is_alive(pid.as_raw()), "the idle cut killed the process");
+        h.kubelet.remove_pod("default", "web").await;
         while support::is_alive(pid.as_raw()) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -3,8 +3,9 @@
 //! Like a container runtime's exec: the real argv runs with the container's environment and
 //! working directory; `tty` gives it a terminal sized by the client's resize events, otherwise
 //! stdout and stderr stay apart; client stdin EOF closes the process's stdin; the exit code is
-//! the process's (128 + signal if killed). If the client goes away, the process and everything
-//! it started are killed.
+//! the process's (128 + signal if killed). If the client goes away, the process keeps running,
+//! as with containerd and CRI-O (kubernetes/kubernetes#89031, kubernetes/kubectl#1076): only its
+//! stdin ends; it is killed when it outlives its container.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,12 +143,25 @@ pub async fn run(
         status
     };
     tokio::pin!(finished);
+    // The container is going away: its exec processes die with it (and say so, if the client
+    // is still there).
+    let stopping = async {
+        container.stopped.cancelled().await;
+        group.kill();
+    };
+    tokio::pin!(stopping);
     let status = tokio::select! {
-        _ = streams.gone.cancelled() => None,
+        _ = streams.gone.cancelled() => {
+            // A runtime does not end an exec whose client left: wait for the process (or its
+            // container's end) without anyone to tell.
+            tokio::select! {
+                _ = &mut finished => {}
+                _ = &mut stopping => { let _ = (&mut finished).await; }
+            }
+            None
+        }
         status = &mut finished => Some(status),
-        // The container is going away: its exec processes die with it (and say so).
-        _ = container.stopped.cancelled() => {
-            group.kill();
+        _ = &mut stopping => {
             tokio::select! {
                 _ = streams.gone.cancelled() => None,
                 status = &mut finished => Some(status),
