@@ -35,7 +35,7 @@ fn pod_defaults(body: &mut Value) {
     ] {
         spec.entry(field).or_insert(value);
     }
-    for list in ["initContainers", "containers"] {
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
         for container in spec
             .get_mut(list)
             .and_then(Value::as_array_mut)

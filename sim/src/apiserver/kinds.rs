@@ -127,7 +127,7 @@ pub static KINDS: &[Kind] = &[
         flavor: Flavor::Stored,
         short_names: &["po"],
         categories: ALL_CATEGORY,
-        subresources: &["status"],
+        subresources: &["status", "ephemeralcontainers"],
     },
     Kind {
         group: "",

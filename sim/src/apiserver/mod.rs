@@ -25,6 +25,7 @@ mod body;
 pub mod clock;
 mod defaults;
 pub mod discovery;
+mod ephemeral;
 pub mod failure;
 pub mod fieldset;
 pub mod kinds;

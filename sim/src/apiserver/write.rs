@@ -117,6 +117,12 @@ pub(super) fn reconcile(kind: &Kind, subresource: &str, live: &Value, mut next: 
     if !kind.subresources.contains(&"status") {
         return next;
     }
+    if subresource == super::ephemeral::SUBRESOURCE {
+        // A patch's new ephemeral container gets the defaults a created pod's containers get.
+        let mut out = super::ephemeral::take(live, next);
+        defaults::defaults(kind, &mut out);
+        return out;
+    }
     if subresource == "status" {
         let mut out = live.clone();
         out["status"] = next["status"].take();
@@ -138,6 +144,19 @@ pub(super) fn reconcile(kind: &Kind, subresource: &str, live: &Value, mut next: 
         }
         next
     }
+}
+
+/// The validation a subresource adds to an update.
+fn check_subresource(
+    kind: &Kind,
+    subresource: &str,
+    live: &Value,
+    next: &Value,
+) -> Result<(), Failure> {
+    if subresource == super::ephemeral::SUBRESOURCE {
+        super::ephemeral::validate(kind, live, next)?;
+    }
+    Ok(())
 }
 
 /// What upstream's strategies do to every new object: defaulting, and for pods a status
@@ -241,6 +260,7 @@ pub(super) fn update(
     let req = managed_request(target, manager, &api_version);
     let updated = store.modify(kind, &target.namespace, &target.name, |live| {
         let mut next = reconcile(kind, &target.subresource, live, body);
+        check_subresource(kind, &target.subresource, live, &next)?;
         managed::track_update(&req, Some(live), &mut next);
         Ok(next)
     })?;
@@ -285,7 +305,9 @@ pub(super) async fn patch(
         let force = query.flag("force");
         let applied = store.modify(kind, &target.namespace, &target.name, |live| {
             let merged = managed::apply(&mreq, Some(live), &config, force)?;
-            Ok(reconcile(kind, &target.subresource, live, merged))
+            let next = reconcile(kind, &target.subresource, live, merged);
+            check_subresource(kind, &target.subresource, live, &next)?;
+            Ok(next)
         });
         return match applied {
             Ok(obj) => Ok(json_response(StatusCode::OK, &obj)),
@@ -329,6 +351,7 @@ pub(super) async fn patch(
             _ => doc = smp::apply(kind.resource, &doc, &patch)?,
         }
         let mut next = reconcile(kind, &target.subresource, live, doc);
+        check_subresource(kind, &target.subresource, live, &next)?;
         managed::track_update(&mreq, Some(live), &mut next);
         Ok(next)
     })?;
