@@ -602,3 +602,90 @@ fn get_and_describe_show_virtual_nodes_and_pods() {
         describe(k, &out)
     );
 }
+
+/// `kubectl debug -i` on a root pod: the ephemeral container goes through the root apiserver's
+/// `pods/ephemeralcontainers`, the syncer stand-in carries it to the leaf copy where the leaf
+/// kubelet runs it, its status comes back up, and kubectl attaches to it through relaylet.
+/// Every kubectl variant, each with its own container; the container answers a line of stdin
+/// (it waits for it, so no output comes before kubectl has attached).
+#[test]
+fn kubectl_debug_attaches_to_an_ephemeral_container_in_the_leaf() {
+    use std::io::Write;
+    let e = env(settings);
+    for (k, spdy) in variants() {
+        let container = format!("dbg-1{}-{}", k.minor(), u8::from(spdy));
+        let mut cmd = run(
+            &k,
+            spdy,
+            &e.kubeconfig,
+            &[
+                "debug",
+                "demo-2",
+                "-i",
+                "--image=busybox",
+                "-c",
+                &container,
+                "--",
+                "sh",
+                "-c",
+                "read line; echo got $line in $HOSTNAME",
+            ],
+        )
+        .command();
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl debug runs");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"ping\n").expect("stdin");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("kubectl's output");
+        assert_eq!(
+            line, "got ping in demo-2\n",
+            "kubectl {} spdy={spdy}",
+            k.version
+        );
+        drop(stdin);
+        let status = wait_exit(child, HANG);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "kubectl {} spdy={spdy}",
+            k.version
+        );
+        // The leaf ran it; the root pod reports it ended as the leaf kubelet saw it.
+        let store = e.sandbox.root.api.store();
+        wait_until(
+            &format!("{container} reported terminated with exit code 0 in the root pod"),
+            HANG,
+            || {
+                let pod: k8s_openapi::api::core::v1::Pod =
+                    store.get_typed("default", "demo-2").expect("root pod");
+                pod.status
+                    .and_then(|s| s.ephemeral_container_statuses)
+                    .into_iter()
+                    .flatten()
+                    .any(|s| {
+                        s.name == container
+                            && s.state
+                                .and_then(|st| st.terminated)
+                                .is_some_and(|t| t.exit_code == 0)
+                    })
+            },
+        );
+        let leaf_pod: k8s_openapi::api::core::v1::Pod = e.sandbox.leaves["leaf-2"]
+            .api
+            .store()
+            .get_typed("default", "demo-2")
+            .expect("leaf pod");
+        let names: Vec<String> = leaf_pod
+            .spec
+            .and_then(|s| s.ephemeral_containers)
+            .into_iter()
+            .flatten()
+            .map(|c| c.name)
+            .collect();
+        assert!(names.contains(&container), "{names:?}");
+    }
+}

@@ -10,6 +10,8 @@
 //!   kubeconfig Secrets, with its own least-privilege identity in each cluster;
 //! - demo pods `demo-1` (leaf-1) and `demo-2` (leaf-2), container `main` logging a line a second
 //!   and serving HTTP on container port 8080, shown in the root on virtual nodes;
+//! - a syncer stand-in that carries `kubectl debug`'s ephemeral containers from root pods to
+//!   their leaf copies and their statuses back up;
 //! - a metrics-server stand-in in every cluster, so `kubectl top` shows the processes' real CPU
 //!   and memory through the production path: leaf kubelets' `/metrics/resource` → the leaf's
 //!   `metrics.k8s.io` → relaylet's `/metrics/resource` per virtual node → the root's
@@ -134,6 +136,8 @@ pub struct Sandbox {
     pub shutdown: Shutdown,
     /// The clusters' metrics-server stand-ins (stopped when dropped).
     _metrics_servers: Vec<MetricsServer>,
+    /// Stops the syncer's work on placed pods (ephemeral containers down, statuses up).
+    _syncer: tokio_util::sync::DropGuard,
     files: tempfile::TempDir,
 }
 
@@ -255,6 +259,18 @@ impl Sandbox {
                 metrics_servers.push(cluster.start_metrics_server(resolution)?);
             }
         }
+        let syncer = tokio_util::sync::CancellationToken::new();
+        relaylet_sim::syncer::watch(
+            root.api.store().clone(),
+            leaves
+                .iter()
+                .map(|(name, leaf)| relaylet_sim::syncer::Leaf {
+                    virtual_node: config.node_name(name),
+                    store: leaf.api.store().clone(),
+                })
+                .collect(),
+            syncer.clone(),
+        );
         let sandbox = Sandbox {
             root,
             leaves,
@@ -262,6 +278,7 @@ impl Sandbox {
             config,
             shutdown,
             _metrics_servers: metrics_servers,
+            _syncer: syncer.drop_guard(),
             files,
         };
         for (index, name) in settings.leaves.iter().enumerate() {

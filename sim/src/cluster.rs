@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
@@ -101,8 +101,10 @@ pub struct Cluster {
     pub api: ApiServer,
     /// How the apiserver (and so metrics-server) picks a node's address.
     preferred_address_types: Vec<String>,
-    kubelets: Mutex<HashMap<String, Arc<Kubelet>>>,
+    kubelets: crate::pod_updates::Kubelets,
     data_dir: tempfile::TempDir,
+    /// Stops the kubelets' watch of pod updates.
+    _updates: tokio_util::sync::DropGuard,
 }
 
 impl Cluster {
@@ -124,13 +126,17 @@ impl Cluster {
         let data_dir = tempfile::Builder::new()
             .prefix(&format!("relaylet-sim-{}-", options.name))
             .tempdir()?;
+        let kubelets = crate::pod_updates::Kubelets::default();
+        let updates = tokio_util::sync::CancellationToken::new();
+        crate::pod_updates::watch(api.store().clone(), kubelets.clone(), updates.clone());
         Ok(Cluster {
             name: options.name,
             ca,
             api,
             preferred_address_types: options.preferred_address_types,
-            kubelets: Mutex::new(HashMap::new()),
+            kubelets,
             data_dir,
+            _updates: updates.drop_guard(),
         })
     }
 

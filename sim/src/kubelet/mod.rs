@@ -165,6 +165,20 @@ impl Kubelet {
         self.shared.pods.run(&self.shared.data_dir, pod).await
     }
 
+    /// Starts an ephemeral container in a running pod (what the kubelet does after `kubectl
+    /// debug`); nothing happens if the pod already has a container of that name.
+    pub async fn add_container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: ContainerRun,
+    ) -> Result<(), KubeletError> {
+        self.shared
+            .pods
+            .add_container(&self.shared.data_dir, namespace, pod, container)
+            .await
+    }
+
     /// Kills the pod's processes and forgets it.
     pub async fn remove_pod(&self, namespace: &str, name: &str) {
         self.shared.pods.remove(namespace, name);

@@ -200,6 +200,56 @@ impl Pods {
         Ok(())
     }
 
+    /// Starts one more container in a running pod (an ephemeral container): the pod is replaced
+    /// by one that also has it; sessions already open keep theirs.
+    pub async fn add_container(
+        &self,
+        data_dir: &Path,
+        namespace: &str,
+        name: &str,
+        spec: ContainerRun,
+    ) -> Result<(), KubeletError> {
+        let pod = self
+            .get(namespace, name)
+            .ok_or_else(|| KubeletError::NotFound(format!("pod {namespace}/{name}")))?;
+        if spec.name.is_empty() || spec.name.contains(['/', '\0']) || spec.name == ".." {
+            return Err(KubeletError::InvalidPod(format!(
+                "invalid container name {:?}",
+                spec.name
+            )));
+        }
+        if pod.container(&spec.name).is_some() {
+            return Ok(());
+        }
+        let pod_dir = format!("{namespace}_{name}_{}", pod.uid);
+        let stopped = pod
+            .containers
+            .first()
+            .map(|c| c.stopped.clone())
+            .unwrap_or_default();
+        let container = Arc::new(Container {
+            cwd: data_dir.join("containers").join(&pod_dir).join(&spec.name),
+            log_dir: data_dir.join("pods").join(&pod_dir).join(&spec.name),
+            stopped,
+            pod_name: name.to_string(),
+            spec,
+            instances: Mutex::new(Vec::new()),
+        });
+        container.start_instance().await?;
+        let mut containers = pod.containers.clone();
+        containers.push(container);
+        let grown = Arc::new(Pod {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            containers,
+        });
+        self.pods
+            .lock()
+            .map_err(|_| KubeletError::Io("pod table poisoned".into()))?
+            .insert((namespace.to_string(), name.to_string()), grown);
+        Ok(())
+    }
+
     /// Stops and forgets a pod.
     pub fn remove(&self, namespace: &str, name: &str) {
         let removed = self
