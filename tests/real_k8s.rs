@@ -602,3 +602,111 @@ fn kubectl_top_through_real_metrics_servers() {
     w.leaf("leaf-1")
         .kubectl_ok(&["delete", "pod", "spinner", "--wait=false"]);
 }
+
+/// `kubectl debug -i` through the real root apiserver: the ephemeral container is validated
+/// and stored by the real `pods/ephemeralcontainers`; the test then does a syncer's part (the
+/// leaf copy gets the container through the leaf apiserver's own subresource, and the leaf
+/// kubelet's status is copied up), and kubectl attaches to the container through the real
+/// root apiserver, relaylet and the real leaf apiserver.
+#[test]
+fn kubectl_debug_through_the_real_root_and_leaf_apiservers() {
+    use std::io::{BufRead, Write};
+    let w = world();
+    let leaf = w.leaf("leaf-1");
+    // A pod of its own: ephemeral containers stay in a pod's spec for good.
+    w.sync_pod("leaf-1", "default", "debugged");
+    for (version, container) in [("1.27", "dbg-127"), ("1.35", "dbg-135")] {
+        let k = kubectl(version);
+        let mut cmd = Run::new(
+            &k,
+            w.root_kubeconfig(),
+            &[
+                "debug",
+                "debugged",
+                "-i",
+                "--image=busybox",
+                "-c",
+                container,
+                "--",
+                "sh",
+                "-c",
+                "read line; echo got $line",
+            ],
+        )
+        .command();
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl debug runs");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"ping\n").expect("stdin");
+
+        // The syncer's part, down: the root pod's new ephemeral container to the leaf copy.
+        let jsonpath =
+            format!("jsonpath={{.spec.ephemeralContainers[?(@.name==\"{container}\")]}}");
+        let mut spec = String::new();
+        support::wait_until(
+            &format!("the root apiserver stores ephemeral container {container}"),
+            std::time::Duration::from_secs(60),
+            || {
+                spec = w
+                    .root
+                    .kubectl_ok(&["get", "pod", "debugged", "-o", &jsonpath]);
+                !spec.trim().is_empty()
+            },
+        );
+        leaf.kubectl_ok(&[
+            "patch",
+            "pod",
+            "debugged",
+            "--subresource=ephemeralcontainers",
+            "--type=strategic",
+            "-p",
+            &format!("{{\"spec\":{{\"ephemeralContainers\":[{}]}}}}", spec.trim()),
+        ]);
+        // Up: the leaf kubelet's status of it, once running.
+        let status_path =
+            format!("jsonpath={{.status.ephemeralContainerStatuses[?(@.name==\"{container}\")]}}");
+        let mut status = String::new();
+        support::wait_until(
+            &format!("leafkubelet runs {container}"),
+            std::time::Duration::from_secs(60),
+            || {
+                status = leaf.kubectl_ok(&["get", "pod", "debugged", "-o", &status_path]);
+                status.contains("running")
+            },
+        );
+        let all = leaf.kubectl_ok(&[
+            "get",
+            "pod",
+            "debugged",
+            "-o",
+            "jsonpath={.status.ephemeralContainerStatuses}",
+        ]);
+        w.root.kubectl_ok(&[
+            "patch",
+            "pod",
+            "debugged",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                "{{\"status\":{{\"ephemeralContainerStatuses\":{}}}}}",
+                all.trim()
+            ),
+        ]);
+
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("kubectl's output");
+        assert_eq!(line, "got ping\n", "kubectl {version}");
+        // Closing stdin ends the attach (the container has exited by now anyway).
+        drop(stdin);
+        let status = support::wait_exit(child, std::time::Duration::from_secs(60));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "kubectl {version} debug ended with {status:?}"
+        );
+    }
+}

@@ -209,7 +209,7 @@ func (h *host) AttachContainer(ctx context.Context, key string, uid types.UID, c
 	}
 	c.mu.Lock()
 	c.attached = append(c.attached, sink)
-	stdin := c.stdin
+	stdin, exited := c.stdin, c.exited
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
@@ -221,10 +221,20 @@ func (h *host) AttachContainer(ctx context.Context, key string, uid types.UID, c
 		}
 		c.mu.Unlock()
 	}()
+	// Like containerd's attach to a container without stdinOnce: the session ends when the
+	// process exits or when the client closes its stdin (the process then runs on).
+	stdinDone := make(chan struct{})
 	if in != nil && stdin != nil {
-		go func() { _, _ = io.Copy(stdin, in) }()
+		go func() {
+			_, _ = io.Copy(stdin, in)
+			close(stdinDone)
+		}()
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-exited:
+	case <-stdinDone:
+	}
 	return nil
 }
 

@@ -60,6 +60,11 @@ type containerRun struct {
 	started  metav1.Time
 	last     *v1.ContainerStateTerminated
 	attached []io.Writer // stdout of attached clients
+	// ephemeral containers run once; ended holds how it ended.
+	ephemeral bool
+	ended     *v1.ContainerStateTerminated
+	// exited is closed when the current process has exited and its output is written.
+	exited chan struct{}
 }
 
 func newHost(client kubernetes.Interface, node, dataDir string) *host {
@@ -199,7 +204,29 @@ func (h *host) sync(ctx context.Context, pod *v1.Pod) {
 	}
 	h.mu.Lock()
 	if run, ok := h.pods[key]; ok && run.pod.UID == pod.UID {
+		// A running pod: the only change a kubelet acts on here is a new ephemeral container
+		// (kubectl debug, through pods/ephemeralcontainers).
+		var added []*containerRun
+		for _, ec := range pod.Spec.EphemeralContainers {
+			if _, ok := run.containers[ec.Name]; ok {
+				continue
+			}
+			spec := v1.Container(ec.EphemeralContainerCommon)
+			if len(spec.Command)+len(spec.Args) == 0 {
+				spec.Command = []string{"sh"} // busybox's default
+			}
+			dir := filepath.Join(h.dataDir, pod.Namespace, pod.Name, spec.Name)
+			c := &containerRun{spec: spec, dir: dir, ephemeral: true}
+			run.containers[spec.Name] = c
+			added = append(added, c)
+		}
+		if len(added) > 0 {
+			run.pod = pod.DeepCopy()
+		}
 		h.mu.Unlock()
+		for _, c := range added {
+			go h.runEphemeral(ctx, run, c)
+		}
 		return
 	}
 	run := &podRun{pod: pod.DeepCopy(), ports: map[int32]int{}, containers: map[string]*containerRun{}, started: metav1.Now()}
@@ -227,6 +254,29 @@ func (h *host) sync(ctx context.Context, pod *v1.Pod) {
 		run.containers[spec.Name] = c
 		go h.keepRunning(ctx, run, c)
 	}
+}
+
+// runEphemeral runs an ephemeral container once (they are never restarted) and reports how it
+// ended.
+func (h *host) runEphemeral(ctx context.Context, run *podRun, c *containerRun) {
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		log.Printf("leafkubelet: %s/%s: %v", podKey(run.pod), c.spec.Name, err)
+		return
+	}
+	exitCode, err := h.runOnce(ctx, run, c)
+	if err != nil {
+		log.Printf("leafkubelet: %s/%s: %v", podKey(run.pod), c.spec.Name, err)
+	}
+	c.mu.Lock()
+	c.ended = &v1.ContainerStateTerminated{
+		ExitCode: int32(exitCode), StartedAt: c.started, FinishedAt: metav1.Now(),
+		Reason: "Completed", ContainerID: c.containerID(run),
+	}
+	if exitCode != 0 {
+		c.ended.Reason = "Error"
+	}
+	c.mu.Unlock()
+	h.writeStatus(ctx, run)
 }
 
 // stop kills a pod's processes and forgets it.
@@ -335,8 +385,10 @@ func (h *host) runOnce(ctx context.Context, run *podRun, c *containerRun) (int, 
 	if err := cmd.Start(); err != nil {
 		return -1, err
 	}
+	exited := make(chan struct{})
+	defer close(exited)
 	c.mu.Lock()
-	c.cmd, c.stdin, c.started = cmd, stdin, metav1.Now()
+	c.cmd, c.stdin, c.started, c.exited = cmd, stdin, metav1.Now(), exited
 	c.mu.Unlock()
 	h.writeStatus(ctx, run)
 
@@ -407,8 +459,34 @@ func (h *host) writeStatus(ctx context.Context, run *podRun) {
 			ready(v1.PodInitialized), ready(v1.PodReady), ready(v1.ContainersReady), ready(v1.PodScheduled),
 		}
 		pod.Status.ContainerStatuses = nil
+		pod.Status.EphemeralContainerStatuses = nil
+		// sync adds ephemeral containers under h.mu: read a snapshot.
+		h.mu.Lock()
+		ephemeral := run.pod.Spec.EphemeralContainers
+		containers := make(map[string]*containerRun, len(run.containers))
+		for name, c := range run.containers {
+			containers[name] = c
+		}
+		h.mu.Unlock()
+		for _, ec := range ephemeral {
+			c, ok := containers[ec.Name]
+			if !ok {
+				continue
+			}
+			c.mu.Lock()
+			status := v1.ContainerStatus{
+				Name: ec.Name, Image: ec.Image, ImageID: "leafkubelet://" + ec.Image,
+				ContainerID: c.containerID(run),
+				State:       v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: c.started}},
+			}
+			if c.ended != nil {
+				status.State = v1.ContainerState{Terminated: c.ended}
+			}
+			c.mu.Unlock()
+			pod.Status.EphemeralContainerStatuses = append(pod.Status.EphemeralContainerStatuses, status)
+		}
 		for _, spec := range run.pod.Spec.Containers {
-			c, ok := run.containers[spec.Name]
+			c, ok := containers[spec.Name]
 			if !ok {
 				continue
 			}

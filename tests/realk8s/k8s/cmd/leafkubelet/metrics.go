@@ -81,6 +81,19 @@ func threadsCPUSeconds(procDir string) float64 {
 	return float64(ns) / 1e9
 }
 
+// closed tells whether ch is closed (a nil channel is not).
+func closed(ch chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 type metricsRow struct {
 	namespace, pod, container string
 	started                   time.Time
@@ -94,7 +107,9 @@ func (h *host) serveResourceMetrics(w http.ResponseWriter, _ *http.Request) {
 	for _, run := range h.pods {
 		for name, c := range run.containers {
 			c.mu.Lock()
-			if c.cmd != nil && c.cmd.Process != nil {
+			// Only running containers, as a kubelet reports them (an exited ephemeral
+			// container would read as 0, and metrics-server drops a pod with a 0 series).
+			if c.cmd != nil && c.cmd.Process != nil && !closed(c.exited) {
 				rows = append(rows, metricsRow{run.pod.Namespace, run.pod.Name, name, c.started.Time, c.cmd.Process.Pid})
 				groups[c.cmd.Process.Pid] = true
 			}
