@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use relaylet_dev::sandbox::Settings;
 use relaylet_sim::cluster::{SimContainer, SimPod};
-use support::{Run, describe, env, kubectls, text, wait_exit, wait_until};
+use support::{Run, describe, env, kubectl_variants, kubectls, text, wait_exit, wait_until};
 
 /// Only turns a hang into a failure; nothing is measured against it.
 const HANG: Duration = Duration::from_secs(60);
@@ -57,18 +57,6 @@ fn settings() -> Settings {
     }
 }
 
-/// Every kubectl version, with its default protocol and with WebSockets off.
-fn variants() -> Vec<(relaylet_sim::tools::Kubectl, bool)> {
-    let mut out = Vec::new();
-    for k in kubectls() {
-        if k.websocket_first() {
-            out.push((k.clone(), true));
-        }
-        out.push((k, false));
-    }
-    out
-}
-
 fn run<'a>(
     k: &'a relaylet_sim::tools::Kubectl,
     spdy: bool,
@@ -82,7 +70,7 @@ fn run<'a>(
 #[test]
 fn exec_output_stderr_split_and_exit_codes() {
     let e = env(settings);
-    for (k, spdy) in variants() {
+    for (k, spdy) in kubectl_variants() {
         let out = run(
             &k,
             spdy,
@@ -135,7 +123,7 @@ fn exec_output_stderr_split_and_exit_codes() {
 #[test]
 fn exec_of_a_missing_binary_fails_with_the_kubelets_error() {
     let e = env(settings);
-    for (k, spdy) in variants() {
+    for (k, spdy) in kubectl_variants() {
         let out = run(
             &k,
             spdy,
@@ -151,7 +139,7 @@ fn exec_of_a_missing_binary_fails_with_the_kubelets_error() {
 #[test]
 fn exec_stdin_reaches_the_process_and_eof_ends_it() {
     let e = env(settings);
-    for (k, spdy) in variants() {
+    for (k, spdy) in kubectl_variants() {
         let out = run(
             &k,
             spdy,
@@ -175,7 +163,7 @@ fn exec_stdin_reaches_the_process_and_eof_ends_it() {
 #[test]
 fn exec_tty_gets_initial_size_and_resize() {
     let e = env(settings);
-    for (k, spdy) in variants() {
+    for (k, spdy) in kubectl_variants() {
         let mut cmd = std::process::Command::new("python3");
         cmd.args([
             "-c",
@@ -220,7 +208,7 @@ fn exec_tty_gets_initial_size_and_resize() {
 #[test]
 fn attach_sends_stdin_to_the_main_process_and_streams_its_output() {
     let e = env(settings);
-    for (k, spdy) in variants() {
+    for (k, spdy) in kubectl_variants() {
         let marker = format!("attach-{}-{spdy}", k.version);
         let mut cmd = run(
             &k,
@@ -525,7 +513,7 @@ fn logs_follow_streams_and_stops_with_the_client() {
 #[test]
 fn killed_client_ends_the_leaf_session() {
     let e = env(settings);
-    for (k, spdy) in variants() {
+    for (k, spdy) in kubectl_variants() {
         let marker = format!("{}", 7000 + k.minor() * 2 + u32::from(spdy));
         let script = format!("echo started; cat >/dev/null; exec sleep {marker}");
         let mut cmd = run(
@@ -612,7 +600,7 @@ fn get_and_describe_show_virtual_nodes_and_pods() {
 fn kubectl_debug_attaches_to_an_ephemeral_container_in_the_leaf() {
     use std::io::Write;
     let e = env(settings);
-    for (k, spdy) in variants() {
+    for (k, spdy) in kubectl_variants() {
         let container = format!("dbg-1{}-{}", k.minor(), u8::from(spdy));
         let mut cmd = run(
             &k,

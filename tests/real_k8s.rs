@@ -445,23 +445,16 @@ fn kube_rs_exec_through_the_real_root() {
 
 /// A shell spinning on a CPU; logs one `tick` first (what `sync_pod_from` waits for).
 fn spinner(namespace: &str, name: &str, node: &str, root_uid: Option<&str>) -> String {
-    let annotations = match root_uid {
-        Some(uid) => serde_json::json!({"relaylet.io/root-pod-uid": uid}),
-        None => serde_json::json!({}),
-    };
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-        "spec": {
-            "nodeName": node,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{
-                "name": "main", "image": "local/sh",
-                "command": ["sh", "-c", "echo tick; while :; do :; done"],
-            }],
-        },
-    })
-    .to_string()
+    world::pod_manifest(
+        namespace,
+        name,
+        node,
+        root_uid,
+        serde_json::json!({
+            "name": "main", "image": "local/sh",
+            "command": ["sh", "-c", "echo tick; while :; do :; done"],
+        }),
+    )
 }
 
 /// CPU nanocores and memory bytes of a PodMetrics' first container, and its timestamp.

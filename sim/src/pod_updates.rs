@@ -106,13 +106,9 @@ async fn report_exit(
     started: String,
 ) {
     let container = status["name"].as_str().unwrap_or_default().to_string();
-    let code = loop {
-        match kubelet.container_status(namespace, pod, &container) {
-            Some(s) if !s.running => break s.exit_code.unwrap_or(0),
-            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
-            // The pod is gone: nothing to report on.
-            None => return,
-        }
+    // None: the pod is gone, nothing to report on.
+    let Some(code) = kubelet.container_exit(namespace, pod, &container).await else {
+        return;
     };
     status["state"] = json!({"terminated": {
         "exitCode": code,

@@ -43,32 +43,17 @@ pub(super) fn validate(kind: &Kind, live: &Value, next: &Value) -> Result<(), Fa
     let old = containers(live, "ephemeralContainers");
     let new = containers(next, "ephemeralContainers");
     for o in old {
-        match new.iter().find(|n| name(n) == name(o)) {
-            None => {
-                let detail = format!(
-                    "existing ephemeral containers \"{}\" may not be removed\n",
-                    name(o)
-                );
-                return Err(Failure::invalid(
-                    kind,
-                    pod,
-                    FIELD,
-                    &format!("Forbidden: {detail}"),
-                ));
-            }
-            Some(n) if n != o => {
-                let detail = format!(
-                    "existing ephemeral containers \"{}\" may not be changed\n",
-                    name(o)
-                );
-                return Err(Failure::invalid(
-                    kind,
-                    pod,
-                    FIELD,
-                    &format!("Forbidden: {detail}"),
-                ));
-            }
-            Some(_) => {}
+        let refused = match new.iter().find(|n| name(n) == name(o)) {
+            None => Some("removed"),
+            Some(n) if n != o => Some("changed"),
+            Some(_) => None,
+        };
+        if let Some(verb) = refused {
+            let detail = format!(
+                "Forbidden: existing ephemeral containers \"{}\" may not be {verb}\n",
+                name(o)
+            );
+            return Err(Failure::invalid(kind, pod, FIELD, &detail));
         }
     }
     let mut seen: Vec<&str> = containers(next, "initContainers")

@@ -216,7 +216,21 @@ impl Kubelet {
         })
     }
 
-    /// Stops serving, ends every streaming session and kills every process.
+    /// Waits until a container's current process has exited and returns its exit code; `None`
+    /// if there is no such container.
+    pub async fn container_exit(&self, namespace: &str, pod: &str, container: &str) -> Option<i32> {
+        let instance = self
+            .shared
+            .pods
+            .get(namespace, pod)?
+            .container(container)?
+            .current()?;
+        let mut running = instance.running();
+        // The exit code is set before `running` turns false.
+        let _ = running.wait_for(|r| !*r).await;
+        instance.exit_code()
+    }
+
     /// How many containerLogs responses are still being written.
     pub fn open_log_streams(&self) -> usize {
         self.shared
@@ -224,6 +238,7 @@ impl Kubelet {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Stops serving, ends every streaming session and kills every process.
     pub fn stop(&self) {
         self.shared.stop.cancel();
         self.served.stop();

@@ -413,23 +413,41 @@ threading.Thread(target=s.serve_forever, daemon=True).start()\n\
 def echo():\n    for line in sys.stdin:\n        print('got ' + line.strip(), flush=True)\n\
 threading.Thread(target=echo, daemon=True).start()\n\
 n = 0\nwhile True:\n    print('tick %d' % n, flush=True); n += 1; time.sleep(1)\n";
-    let annotations = match root_uid {
-        Some(uid) => serde_json::json!({"relaylet.io/root-pod-uid": uid}),
-        None => serde_json::json!({}),
-    };
+    pod_manifest(
+        namespace,
+        name,
+        node,
+        root_uid,
+        serde_json::json!({
+            "name": "main", "image": "local/python:3",
+            "command": ["python3", "-u", "-c", app],
+            "env": [{"name": "POD", "value": format!("{namespace}/{name}")}],
+            "ports": [{"containerPort": 8080}],
+            "stdin": true,
+        }),
+    )
+}
+
+/// A pod bound to `node` with one container; `root_uid` marks a leaf copy with the syncer's
+/// marker (`counterpart::ROOT_UID_MARKER`).
+pub fn pod_manifest(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    root_uid: Option<&str>,
+    container: serde_json::Value,
+) -> String {
+    let mut annotations = serde_json::Map::new();
+    if let Some(uid) = root_uid {
+        annotations.insert(relaylet::counterpart::ROOT_UID_MARKER.into(), uid.into());
+    }
     serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
         "spec": {
             "nodeName": node,
             "tolerations": [{"operator": "Exists"}],
-            "containers": [{
-                "name": "main", "image": "local/python:3",
-                "command": ["python3", "-u", "-c", app],
-                "env": [{"name": "POD", "value": format!("{namespace}/{name}")}],
-                "ports": [{"containerPort": 8080}],
-                "stdin": true,
-            }],
+            "containers": [container],
         },
     })
     .to_string()

@@ -268,15 +268,21 @@ func (h *host) runEphemeral(ctx context.Context, run *podRun, c *containerRun) {
 		log.Printf("leafkubelet: %s/%s: %v", podKey(run.pod), c.spec.Name, err)
 	}
 	c.mu.Lock()
-	c.ended = &v1.ContainerStateTerminated{
-		ExitCode: int32(exitCode), StartedAt: c.started, FinishedAt: metav1.Now(),
-		Reason: "Completed", ContainerID: c.containerID(run),
-	}
-	if exitCode != 0 {
-		c.ended.Reason = "Error"
-	}
+	c.ended = c.terminated(run, exitCode)
 	c.mu.Unlock()
 	h.writeStatus(ctx, run)
+}
+
+// terminated is how the current process ended, as a kubelet reports it (c.mu held).
+func (c *containerRun) terminated(run *podRun, exitCode int) *v1.ContainerStateTerminated {
+	reason := "Completed"
+	if exitCode != 0 {
+		reason = "Error"
+	}
+	return &v1.ContainerStateTerminated{
+		ExitCode: int32(exitCode), StartedAt: c.started, FinishedAt: metav1.Now(),
+		Reason: reason, ContainerID: c.containerID(run),
+	}
 }
 
 // stop kills a pod's processes and forgets it.
@@ -321,13 +327,7 @@ func (h *host) keepRunning(ctx context.Context, run *podRun, c *containerRun) {
 			return
 		}
 		c.mu.Lock()
-		c.last = &v1.ContainerStateTerminated{
-			ExitCode: int32(exitCode), StartedAt: c.started, FinishedAt: metav1.Now(),
-			Reason: "Completed", ContainerID: c.containerID(run),
-		}
-		if exitCode != 0 {
-			c.last.Reason = "Error"
-		}
+		c.last = c.terminated(run, exitCode)
 		c.restarts++
 		c.mu.Unlock()
 		_ = os.Rename(c.logPath(), c.previousLogPath())
