@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
 use crate::dns::check_dns_label;
 use crate::metrics::Metrics;
+use crate::read_ahead::ReadAheadConnector;
 use crate::warm_connector::{Sources, WarmConnector};
 
 /// The client for relayed streams: the same TLS settings, credentials and headers as
@@ -40,7 +41,7 @@ fn stream_client(
     http.enforce_http(false);
     http.set_nodelay(true);
     let https = WarmConnector::new(
-        config.rustls_https_connector_with_connector(http)?,
+        config.rustls_https_connector_with_connector(ReadAheadConnector(http))?,
         sources,
         spare,
     );

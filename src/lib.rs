@@ -26,6 +26,7 @@ pub mod node_ports;
 pub mod node_server;
 pub mod pod_index;
 pub mod quantity;
+pub mod read_ahead;
 pub mod relay;
 pub mod resource_metrics;
 pub mod self_signed;

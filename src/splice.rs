@@ -35,9 +35,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::frames::{Ending, Frames, Observe};
+use crate::read_ahead::ReadAhead;
 
-/// Bytes per read while data is flowing. One TLS record carries at most 16 KiB of plaintext.
-const BUF_SIZE: usize = 16 * 1024;
+/// Bytes per write while data is flowing: four TLS records' plaintext (16 KiB each), which rustls
+/// seals and hands the socket in one system call.
+const BUF_SIZE: usize = 64 * 1024;
 /// Bytes per read while a direction is idle: enough for keystrokes and small protocol frames
 /// (SPDY pings, window updates), small enough that thousands of idle sessions cost little.
 /// The flowing-data buffer is allocated only when a read fills this one, and released as soon
@@ -62,7 +64,7 @@ pub struct ClientSide {
 }
 
 /// The caller's connection, as the node server accepts it.
-pub type CallerStream = tokio_rustls::server::TlsStream<TcpStream>;
+pub type CallerStream = tokio_rustls::server::TlsStream<ReadAhead<TcpStream>>;
 
 /// What the node server gives hyper for a caller's connection. hyper's upgrade hands back only
 /// a type-erased connection, and the splice needs the TCP socket under it (to reset it), so the
@@ -83,7 +85,7 @@ impl ClientSide {
 
     /// Resets the TCP connection (RST, not FIN), so the peer sees an error, not an end.
     fn abort(self) {
-        let (tcp, _) = self.io.into_inner();
+        let tcp = self.io.into_inner().0.into_inner();
         if let Err(err) = tcp.set_zero_linger() {
             tracing::debug!(%err, "setting SO_LINGER=0 before reset");
         }
@@ -846,7 +848,7 @@ mod tests {
             connector.connect(name, tcp).await.unwrap()
         });
         let (tcp, _) = listener.accept().await.unwrap();
-        let io = acceptor.accept(tcp).await.unwrap();
+        let io = acceptor.accept(ReadAhead::new(tcp)).await.unwrap();
         let mut caller = client.await.unwrap();
         // The leaf connection holds 8 KiB and its far end reads nothing: the caller's bytes
         // beyond that stay unread in relaylet's socket.
@@ -914,7 +916,7 @@ mod tests {
             connector.connect(name, tcp).await.unwrap()
         });
         let (tcp, _) = listener.accept().await.unwrap();
-        let io = acceptor.accept(tcp).await.unwrap();
+        let io = acceptor.accept(ReadAhead::new(tcp)).await.unwrap();
         let _client = client.await.unwrap();
         let (leaf, _far_end) = tokio::io::duplex(64);
         let meter = Meter::default();
@@ -940,7 +942,7 @@ mod tests {
         eprintln!(
             "splice future: {size} bytes; Frames {}, TlsStream {}, Sleep {}",
             std::mem::size_of::<Frames>(),
-            std::mem::size_of::<tokio_rustls::server::TlsStream<TcpStream>>(),
+            std::mem::size_of::<CallerStream>(),
             std::mem::size_of::<tokio::time::Sleep>()
         );
         assert!(size <= 6144, "the splice future takes {size} bytes");

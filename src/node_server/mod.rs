@@ -35,6 +35,7 @@ use crate::limits::Gate;
 use crate::listener;
 use crate::metrics::Metrics;
 use crate::pod_index::PodIndex;
+use crate::read_ahead::ReadAhead;
 use crate::relay::Relay;
 use crate::resource_metrics::NodeStats;
 use crate::status;
@@ -121,17 +122,20 @@ pub async fn serve(
         let gate = gate.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(err)) => {
-                    tracing::debug!(%peer, %err, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
+            let tls =
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(ReadAhead::new(tcp)))
+                    .await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(err)) => {
+                        tracing::debug!(%peer, %err, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
             drop(handshake);
             let cert = PeerCert(
                 tls.get_ref()
