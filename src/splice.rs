@@ -44,7 +44,7 @@ const BUF_SIZE: usize = 64 * 1024;
 /// (SPDY pings, window updates), small enough that thousands of idle sessions cost little.
 /// The flowing-data buffer is allocated only when a read fills this one, and released as soon
 /// as the reader has nothing more ready.
-const IDLE_BUF_SIZE: usize = 512;
+const IDLE_BUF_SIZE: usize = 128;
 /// At a cut made at shutdown, how long the leaf gets to complete the frame it is sending.
 const FINISH_FRAME: Duration = Duration::from_millis(500);
 /// How long writing relaylet's ending (the rest of a frame, the Status, the close) may take.
@@ -945,6 +945,6 @@ mod tests {
             std::mem::size_of::<CallerStream>(),
             std::mem::size_of::<tokio::time::Sleep>()
         );
-        assert!(size <= 6144, "the splice future takes {size} bytes");
+        assert!(size <= 5376, "the splice future takes {size} bytes");
     }
 }
