@@ -4,9 +4,11 @@
 //! record a relay receives costs it five read system calls, each with its fixed kernel cost.
 //! [`ReadAhead`] reads up to [`AHEAD`] bytes per system call into a buffer of its own and hands
 //! rustls its small pieces from memory: one more copy in user space, about a fifth of the
-//! system calls. The buffer exists only while data is flowing: it is taken when a read is
-//! asked for and freed the first time the socket has nothing ready, so an idle connection holds
-//! none (an idle session's memory is budgeted, see `splice`).
+//! system calls. The buffer exists only while data is flowing: reads go straight to the socket
+//! until one fills the reader's buffer (more is probably waiting), and the buffer is freed the
+//! first time the socket has nothing ready. So handshakes, keystrokes and idle connections never
+//! allocate it (an idle session's memory is budgeted, see `splice`), and a 64 KiB allocation
+//! is made once per burst of data, not once per read.
 //!
 //! Writes pass straight through (rustls already writes whole records, vectored).
 
@@ -29,6 +31,8 @@ pub struct ReadAhead<T> {
     io: T,
     /// Read but not yet handed on; `None` while the socket has nothing ready.
     ahead: Option<Ahead>,
+    /// The last direct read filled the reader's buffer: the next one reads ahead.
+    flowing: bool,
 }
 
 /// The last large read, handed on from `start`. Kept while data flows, so that its
@@ -46,7 +50,11 @@ impl Ahead {
 
 impl<T> ReadAhead<T> {
     pub fn new(io: T) -> Self {
-        ReadAhead { io, ahead: None }
+        ReadAhead {
+            io,
+            ahead: None,
+            flowing: false,
+        }
     }
 
     pub fn get_ref(&self) -> &T {
@@ -68,10 +76,15 @@ impl<T: AsyncRead + Unpin> AsyncRead for ReadAhead<T> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.ahead.as_ref().is_none_or(Ahead::is_empty) {
-            if dst.remaining() >= AHEAD {
-                // The reader's own buffer is as large: no point copying twice.
+            if !this.flowing || dst.remaining() >= AHEAD {
+                // Straight to the socket; a read that fills the reader's buffer means data is
+                // flowing.
+                let room = dst.remaining();
+                let read = Pin::new(&mut this.io).poll_read(cx, dst);
+                this.flowing =
+                    matches!(read, Poll::Ready(Ok(()))) && room > 0 && dst.remaining() == 0;
                 this.ahead = None;
-                return Pin::new(&mut this.io).poll_read(cx, dst);
+                return read;
             }
             let ahead = this.ahead.get_or_insert_with(|| Ahead {
                 buf: Vec::with_capacity(AHEAD),
@@ -83,6 +96,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for ReadAhead<T> {
             if !matches!(read, Poll::Ready(Ok(n)) if n > 0) {
                 // Nothing ready, the end, or an error: the buffer goes until data flows again.
                 this.ahead = None;
+                this.flowing = false;
                 return read.map_ok(|_| ());
             }
         }
@@ -248,9 +262,9 @@ mod tests {
             got.extend_from_slice(&piece[..n]);
         }
         assert_eq!(got, sent);
-        // 3 x AHEAD in 4 KiB pieces would be 49 reads straight through; with the read-ahead
-        // it is 3 full ones and the end of stream.
-        assert_eq!(ahead.get_ref().reads, 4);
+        // 3 x AHEAD in 4 KiB pieces would be 49 reads straight through; with the read-ahead it
+        // is one 4 KiB read that fills the piece, three large ones and the end of stream.
+        assert_eq!(ahead.get_ref().reads, 5);
     }
 
     #[tokio::test]
@@ -261,10 +275,32 @@ mod tests {
         let mut piece = [0u8; 4096];
         let n = ahead.read(&mut piece).await.unwrap();
         assert_eq!(&piece[..n], b"keystroke");
-        // Nothing more is ready: the next read waits, and waiting lets the buffer go.
+        // A read that did not fill the piece: no buffer taken.
+        assert!(ahead.ahead.is_none() && !ahead.flowing);
         let waiting = futures::FutureExt::now_or_never(ahead.read(&mut piece));
         assert!(waiting.is_none());
         assert!(ahead.ahead.is_none());
+    }
+
+    #[tokio::test]
+    async fn the_buffer_goes_when_a_burst_ends_and_comes_back_with_the_next() {
+        let (mut writer, reader) = tokio::io::duplex(4 * AHEAD);
+        let mut ahead = ReadAhead::new(reader);
+        let mut piece = [0u8; 4096];
+        writer.write_all(&[1u8; 3 * 4096]).await.unwrap();
+        assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);
+        assert!(ahead.flowing, "a read that fills the piece means data is flowing");
+        assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);
+        assert!(ahead.ahead.is_some(), "the rest was read ahead");
+        assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);
+        // The burst is over: waiting lets the buffer go.
+        assert!(futures::FutureExt::now_or_never(ahead.read(&mut piece)).is_none());
+        assert!(ahead.ahead.is_none() && !ahead.flowing);
+        writer.write_all(&[2u8; 2 * 4096]).await.unwrap();
+        assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);
+        assert!(ahead.ahead.is_none() && ahead.flowing);
+        assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);
+        assert_eq!(piece, [2u8; 4096]);
     }
 
     #[tokio::test]
