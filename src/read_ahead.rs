@@ -289,7 +289,10 @@ mod tests {
         let mut piece = [0u8; 4096];
         writer.write_all(&[1u8; 3 * 4096]).await.unwrap();
         assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);
-        assert!(ahead.flowing, "a read that fills the piece means data is flowing");
+        assert!(
+            ahead.flowing,
+            "a read that fills the piece means data is flowing"
+        );
         assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);
         assert!(ahead.ahead.is_some(), "the rest was read ahead");
         assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);

@@ -102,13 +102,22 @@ impl Relay {
             Ok(upgrade) => upgrade,
             Err(unrelayed) => return unrelayed.answer(session),
         };
-        let relay = self.clone();
+        // The task keeps only what the splice needs, not the whole `Relay`: it lives as long as
+        // the session, and every byte it holds is held once per open session.
+        let splicing = Splicing {
+            idle: self.idle_timeout,
+            stop: self.stop.clone(),
+            meter: Meter {
+                to_leaf: self.metrics.bytes_counter("to_leaf"),
+                to_client: self.metrics.bytes_counter("to_client"),
+            },
+        };
         tokio::spawn(
             async move {
                 // The session (and its place under the caps) lasts until its splice ends.
                 let mut session = session;
-                let (result, to_leaf, to_client) = relay
-                    .splice(on_upgrade, leaf_upgrade, protocol, &leaf.name, &session)
+                let (result, to_leaf, to_client) = splicing
+                    .run(on_upgrade, leaf_upgrade, protocol, &leaf.name, &session)
                     .await;
                 session.ended(result, to_leaf, to_client);
             }
@@ -216,56 +225,6 @@ impl Relay {
             answer,
             protocol,
         })
-    }
-
-    /// Waits for both upgrades and splices the connections; how the session ended and the
-    /// bytes it moved each way (to the leaf, to the caller).
-    async fn splice(
-        &self,
-        on_upgrade: OnUpgrade,
-        leaf_upgrade: OnUpgrade,
-        protocol: Option<frames::Protocol>,
-        leaf_name: &str,
-        session: &Session,
-    ) -> (session::Result, u64, u64) {
-        let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
-            Ok(both) => both,
-            Err(err) => {
-                tracing::warn!(parent: &session.info().span(), %err, "upgrade did not complete");
-                return (session::Result::UpgradeFailed, 0, 0);
-            }
-        };
-        let Ok(client) = ClientSide::from_upgraded(client) else {
-            tracing::error!(
-                parent: &session.info().span(),
-                "caller connection is not the TLS stream the node server accepted"
-            );
-            return (session::Result::UpgradeFailed, 0, 0);
-        };
-        let meter = Meter {
-            to_leaf: self.metrics.bytes_counter("to_leaf"),
-            to_client: self.metrics.bytes_counter("to_client"),
-        };
-        let outcome = splice::splice(
-            client,
-            TokioIo::new(leaf_io),
-            splice::Options {
-                idle: self.idle_timeout,
-                stop: self.stop.clone(),
-                meter: &meter,
-                leaf_name,
-            },
-            Frames::new(protocol),
-        )
-        .await;
-        let result = match outcome.end {
-            End::Completed => session::Result::Completed,
-            End::ClientClosed => session::Result::ClientClosed,
-            End::LeafLost => session::Result::LeafLost,
-            End::IdleTimeout => session::Result::IdleTimeout,
-            End::Shutdown => session::Result::Shutdown,
-        };
-        (result, outcome.to_leaf, outcome.to_client)
     }
 
     /// Logs: the leaf's body streamed back, counted; the session ends with it.
@@ -460,4 +419,59 @@ fn counted_stream(
             }
         }
     })
+}
+
+/// What a session's splice task needs from the relay.
+struct Splicing {
+    idle: Duration,
+    stop: CancellationToken,
+    meter: Meter,
+}
+
+impl Splicing {
+    /// Waits for both upgrades and splices the connections; how the session ended and the
+    /// bytes it moved each way (to the leaf, to the caller).
+    async fn run(
+        self,
+        on_upgrade: OnUpgrade,
+        leaf_upgrade: OnUpgrade,
+        protocol: Option<frames::Protocol>,
+        leaf_name: &str,
+        session: &Session,
+    ) -> (session::Result, u64, u64) {
+        let (client, leaf_io) = match tokio::try_join!(on_upgrade, leaf_upgrade) {
+            Ok(both) => both,
+            Err(err) => {
+                tracing::warn!(parent: &session.info().span(), %err, "upgrade did not complete");
+                return (session::Result::UpgradeFailed, 0, 0);
+            }
+        };
+        let Ok(client) = ClientSide::from_upgraded(client) else {
+            tracing::error!(
+                parent: &session.info().span(),
+                "caller connection is not the TLS stream the node server accepted"
+            );
+            return (session::Result::UpgradeFailed, 0, 0);
+        };
+        let outcome = splice::splice(
+            client,
+            TokioIo::new(leaf_io),
+            splice::Options {
+                idle: self.idle,
+                stop: self.stop,
+                meter: &self.meter,
+                leaf_name,
+            },
+            Frames::new(protocol),
+        )
+        .await;
+        let result = match outcome.end {
+            End::Completed => session::Result::Completed,
+            End::ClientClosed => session::Result::ClientClosed,
+            End::LeafLost => session::Result::LeafLost,
+            End::IdleTimeout => session::Result::IdleTimeout,
+            End::Shutdown => session::Result::Shutdown,
+        };
+        (result, outcome.to_leaf, outcome.to_client)
+    }
 }
