@@ -29,7 +29,7 @@ pub const AHEAD: usize = 64 * 1024 + 4 * 64;
 /// A connection whose reads go through a read-ahead buffer (see the module comment).
 pub struct ReadAhead<T> {
     io: T,
-    /// Read but not yet handed on; `None` while the socket has nothing ready.
+    /// Read but not yet handed on; `None` while reads go straight to the socket.
     ahead: Option<Ahead>,
     /// The last direct read filled the reader's buffer: the next one reads ahead.
     flowing: bool,
@@ -55,10 +55,6 @@ impl<T> ReadAhead<T> {
             ahead: None,
             flowing: false,
         }
-    }
-
-    pub fn get_ref(&self) -> &T {
-        &self.io
     }
 
     /// The connection itself. Bytes read ahead and not yet handed on are dropped: callers take
@@ -264,7 +260,7 @@ mod tests {
         assert_eq!(got, sent);
         // 3 x AHEAD in 4 KiB pieces would be 49 reads straight through; with the read-ahead it
         // is one 4 KiB read that fills the piece, three large ones and the end of stream.
-        assert_eq!(ahead.get_ref().reads, 5);
+        assert_eq!(ahead.io.reads, 5);
     }
 
     #[tokio::test]

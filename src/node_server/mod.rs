@@ -122,20 +122,18 @@ pub async fn serve(
         let gate = gate.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(ReadAhead::new(tcp)))
-                    .await
-                {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(err)) => {
-                        tracing::debug!(%peer, %err, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
+            let tcp = ReadAhead::new(tcp);
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(err)) => {
+                    tracing::debug!(%peer, %err, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
             drop(handshake);
             let cert = PeerCert(
                 tls.get_ref()
