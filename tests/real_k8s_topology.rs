@@ -117,6 +117,9 @@ fn failover_moves_the_node_to_the_new_leader_and_it_stays_ready() {
     let w = world();
     let old = w.leader();
     assert_exec_works(&w, "before-failover");
+    // A test that stopped the leaf may just have ended: exec works again at once, the Node
+    // shows Ready only after relaylet's next probe of the leaf.
+    w.wait_for_node_ready(VIRTUAL_NODE);
     w.stop_replica(old);
     let new = w.leader();
     assert_ne!(new, old);
@@ -169,6 +172,8 @@ fn a_leaf_apiserver_stopped_and_restarted() {
             .success()
     });
     assert_exec_works(&w, "after-leaf-restart");
+    // The tests take turns on one world: leave the Node Ready, as the next one expects.
+    w.wait_for_node_ready(VIRTUAL_NODE);
 }
 
 /// An exec that sends nothing for longer than STREAM_IDLE_TIMEOUT (3 s here) is cut, and
@@ -257,4 +262,6 @@ fn a_session_whose_leaf_dies_fails_with_relaylets_reason() {
                 .success()
         });
     }
+    // The tests take turns on one world: leave the Node Ready, as the next one expects.
+    w.wait_for_node_ready(VIRTUAL_NODE);
 }
