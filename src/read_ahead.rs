@@ -1,14 +1,15 @@
 //! A TCP connection under TLS that reads ahead in large chunks while data flows.
 //!
-//! rustls asks its transport for at most 4 KiB per read (`read_tls`), so every 16 KiB TLS
-//! record a relay receives costs it five read system calls, each with its fixed kernel cost.
-//! [`ReadAhead`] reads up to [`AHEAD`] bytes per system call into a buffer of its own and hands
-//! rustls its small pieces from memory: one more copy in user space, about a fifth of the
-//! system calls. The buffer exists only while data is flowing: reads go straight to the socket
-//! until one fills the reader's buffer (more is probably waiting), and the buffer is freed the
-//! first time the socket has nothing ready. So handshakes, keystrokes and idle connections never
-//! allocate it (an idle session's memory is budgeted, see `splice`), and a 64 KiB allocation
-//! is made once per burst of data, not once per read.
+//! rustls reads its transport 4 KiB at a time (`read_tls`; a little more while part of a
+//! record is buffered), so every 16 KiB TLS record a relay receives costs it about five read
+//! system calls, each with its fixed kernel cost. [`ReadAhead`] reads up to [`AHEAD`] bytes per
+//! system call into a buffer of its own and hands rustls its pieces from memory: one more copy
+//! in user space, about a fifth of the system calls. The buffer exists only while data is
+//! flowing: reads go straight to the socket until one brings 4 KiB or more at once (more is
+//! probably waiting), and the buffer is freed the first time the socket has nothing ready. So
+//! keystrokes and idle connections never allocate it (an idle session's memory is budgeted, see
+//! `splice`), a handshake only if a flight brings 4 KiB at once, and a 64 KiB allocation is made
+//! once per burst of data, not once per read.
 //!
 //! Writes pass straight through (rustls already writes whole records, vectored).
 
@@ -25,6 +26,10 @@ use tokio::net::TcpStream;
 
 /// Bytes per read system call while data flows: four full TLS records and their headers.
 pub const AHEAD: usize = 64 * 1024 + 4 * 64;
+
+/// A direct read that brings this much (rustls' own read size), or fills a smaller buffer,
+/// means data is flowing: more is probably waiting.
+const FLOWING: usize = 4096;
 
 /// A connection whose reads go through a read-ahead buffer (see the module comment).
 pub struct ReadAhead<T> {
@@ -73,12 +78,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for ReadAhead<T> {
         let this = self.get_mut();
         if this.ahead.as_ref().is_none_or(Ahead::is_empty) {
             if !this.flowing || dst.remaining() >= AHEAD {
-                // Straight to the socket; a read that fills the reader's buffer means data is
-                // flowing.
+                // Straight to the socket. rustls offers 4 KiB, or more while part of a record
+                // is buffered, a read it rarely fills: so it is the bytes that came that tell.
                 let room = dst.remaining();
                 let read = Pin::new(&mut this.io).poll_read(cx, dst);
+                let came = room - dst.remaining();
                 this.flowing =
-                    matches!(read, Poll::Ready(Ok(()))) && room > 0 && dst.remaining() == 0;
+                    matches!(read, Poll::Ready(Ok(()))) && room > 0 && came >= room.min(FLOWING);
                 this.ahead = None;
                 return read;
             }
@@ -300,6 +306,32 @@ mod tests {
         assert!(ahead.ahead.is_none() && ahead.flowing);
         assert_eq!(ahead.read(&mut piece).await.unwrap(), 4096);
         assert_eq!(piece, [2u8; 4096]);
+    }
+
+    /// rustls asks for 4 KiB, or for more (up to the rest of a record and 4 KiB) while part of
+    /// a record is buffered; such a read is rarely filled, yet 4 KiB arriving at once means
+    /// data is flowing just the same.
+    #[tokio::test]
+    async fn four_kib_into_a_larger_buffer_means_data_is_flowing() {
+        let (mut writer, reader) = tokio::io::duplex(4 * AHEAD);
+        let mut ahead = ReadAhead::new(CountingReads {
+            inner: reader,
+            reads: 0,
+        });
+        let mut piece = vec![0u8; 16_406];
+        writer.write_all(&[1u8; 10_000]).await.unwrap();
+        assert_eq!(ahead.read(&mut piece).await.unwrap(), 10_000);
+        assert!(ahead.flowing, "10,000 bytes at once: data is flowing");
+        writer.write_all(&vec![2u8; 2 * AHEAD]).await.unwrap();
+        let mut got = 0;
+        while got < 2 * AHEAD {
+            let n = ahead.read(&mut piece).await.unwrap();
+            assert!(piece[..n].iter().all(|&b| b == 2));
+            got += n;
+        }
+        assert_eq!(got, 2 * AHEAD);
+        // The first read, then two large ones.
+        assert_eq!(ahead.io.reads, 3);
     }
 
     #[tokio::test]
