@@ -1,7 +1,7 @@
 //! A TCP connection under TLS that reads ahead in large chunks while data flows.
 //!
-//! rustls reads its transport 4 KiB at a time (`read_tls`; a little more while part of a
-//! record is buffered), so every 16 KiB TLS record a relay receives costs it about five read
+//! rustls reads its transport 4 KiB at a time (`read_tls`; up to 16 KiB more while part of a
+//! record is buffered), so every 16 KiB TLS record a relay receives costs it up to five read
 //! system calls, each with its fixed kernel cost. [`ReadAhead`] reads up to [`AHEAD`] bytes per
 //! system call into a buffer of its own and hands rustls its pieces from memory: one more copy
 //! in user space, about a fifth of the system calls. The buffer exists only while data is
