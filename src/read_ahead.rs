@@ -36,7 +36,8 @@ pub struct ReadAhead<T> {
     io: T,
     /// Read but not yet handed on; `None` while reads go straight to the socket.
     ahead: Option<Ahead>,
-    /// The last direct read filled the reader's buffer: the next one reads ahead.
+    /// The last direct read brought [`FLOWING`] bytes or more (or filled a smaller buffer):
+    /// the next one reads ahead.
     flowing: bool,
 }
 
@@ -277,7 +278,7 @@ mod tests {
         let mut piece = [0u8; 4096];
         let n = ahead.read(&mut piece).await.unwrap();
         assert_eq!(&piece[..n], b"keystroke");
-        // A read that did not fill the piece: no buffer taken.
+        // A read of less than 4 KiB: no buffer taken.
         assert!(ahead.ahead.is_none() && !ahead.flowing);
         let waiting = futures::FutureExt::now_or_never(ahead.read(&mut piece));
         assert!(waiting.is_none());
