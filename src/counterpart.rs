@@ -14,7 +14,8 @@
 //!   has a new UID, so a stale leaf copy, a pod created straight in the leaf, or any other pod of
 //!   that name is refused. `label` accepts any leaf pod carrying a syncer's label (Kosmos writes
 //!   `kosmos-io/pod=true`), and `name` accepts any leaf pod of that name: both are opt-ins for
-//!   syncers that write no UID, with the risks README's Security section states.
+//!   syncers that write no UID, with the risks docs/install.md, "Which leaf pod a call
+//!   reaches", states.
 //!
 //! Root pod annotations are never read: they belong to the pod's author.
 

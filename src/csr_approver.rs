@@ -15,7 +15,8 @@
 //! Anything else from another requester is left alone (another approver's business); a CSR from
 //! relaylet's identity that fails a check is left pending, counted and logged with the reason.
 //! Approving needs `approve` on the signer, which would also let a compromised relaylet approve
-//! other kubelet-serving CSRs: README, "Serving certificates", says so.
+//! other kubelet-serving CSRs: docs/install.md, "Serving certificates from the cluster CA",
+//! says so.
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;

@@ -2,7 +2,8 @@
 //!
 //! The root kube-apiserver sends `exec`, `attach`, `portForward` and `containerLogs` calls for a
 //! virtual node to relaylet's node server; relaylet finds the pod's leaf cluster and relays the
-//! call to that cluster's apiserver, splicing the streams. See DESIGN in the repository README.
+//! call to that cluster's apiserver, splicing the streams. The parts are mapped in
+//! docs/development.md, "The parts".
 
 pub mod auth;
 pub mod client_ca;

@@ -6,7 +6,7 @@ use relaylet::config::Config;
 
 const USAGE: &str = "usage: relaylet [serve | check-config]
 
-  serve         (default) run as a virtual node's kubelet; configured by env vars (see README)
+  serve         (default) run as a virtual node's kubelet; configured by env vars (docs/install.md)
   check-config  validate the env vars and exit (0 when relaylet would start with them)
 
 The sandbox and the benchmark are in the workspace's relaylet-dev crate (cargo run -p relaylet-dev).";

@@ -214,8 +214,8 @@ mod tests {
     use super::*;
 
     /// Every open session holds one `Session` in its splice task for as long as it lasts
-    /// (README, figure 6: idle session memory). It was 512 bytes while it held a whole
-    /// `Metrics` clone.
+    /// (docs/performance.md, figure 6: idle session memory). It was 512 bytes while it held a
+    /// whole `Metrics` clone.
     #[test]
     fn a_session_holds_only_what_it_updates() {
         let size = std::mem::size_of::<Session>();

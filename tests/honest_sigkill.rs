@@ -1,10 +1,11 @@
 //! The one cut relaylet cannot make honest: relaylet itself killed (SIGKILL, the OOM killer).
 //! Nothing runs to write a Status; the kernel closes relaylet's connections, and the root
 //! apiserver's proxy (like upstream `UpgradeAwareHandler`) closes kubectl's connection cleanly.
-//! This test records what users then see, so that the README's statement stays true: every
-//! kubectl (1.27 SPDY; 1.33 and 1.35 with WebSockets on and off) exits 0 with its output cut
-//! short and no error, and a WebSocket v4 client sees the connection end with neither a Status
-//! nor a close frame. Only the apiserver could turn this into an error.
+//! This test records what users then see, so that the statement in docs/operations.md ("When
+//! relaylet ends a session") stays true: every kubectl (1.27 SPDY; 1.33 and 1.35 with
+//! WebSockets on and off) exits 0 with its output cut short and no error, and a WebSocket v4
+//! client sees the connection end with neither a Status nor a close frame. Only the apiserver
+//! could turn this into an error.
 //!
 //! relaylet runs here as its own process (the shipped binary, configured by env vars like the
 //! sandbox's in-process replica), takes over the virtual nodes when the in-process replica
@@ -129,7 +130,8 @@ fn a_killed_relaylet_reads_as_success_to_every_kubectl() {
         assert_eq!(
             (ended.code, ended.stderr.as_str()),
             (Some(0), ""),
-            "{what}: the README says a killed relaylet reads as success; if this changed, say so"
+            "{what}: docs/operations.md says a killed relaylet reads as success; if this changed, \
+             say so"
         );
     }
     let read = RT.block_on(ws).expect("WebSocket client");

@@ -253,7 +253,7 @@ fn csr_mode_approved_by_hand_passes_a_verifying_apiserver() {
         csrs(&w).into_iter().find(|name| *name != csr)
     });
 
-    // The administrator approves, as the log, NOTES and README say.
+    // The administrator approves, as the log, NOTES and docs/install.md say.
     w.root.kubectl_ok(&["certificate", "approve", &csr]);
     w.wait_for_nodes(&["leaf-1"]);
     w.sync_pod("leaf-1", "default", "demo");

@@ -26,7 +26,8 @@ pub struct Scraping {
     /// ServiceAccount token, as the upstream manifests run it.
     pub client_certificate: bool,
     /// Verify kubelet serving certificates against the cluster CA; otherwise
-    /// `--kubelet-insecure-tls` (what README tells users of relaylet's self-signed certificate).
+    /// `--kubelet-insecure-tls` (what docs/operations.md, "kubectl top", tells users of
+    /// relaylet's self-signed certificate).
     pub verify_kubelets: bool,
 }
 
