@@ -8,13 +8,19 @@
 //!   SubjectAccessReview like the kubelet's (`nodes/proxy` on the pod's virtual node), except that
 //!   exec, attach and portForward always need verb `create`: a WebSocket exec is a GET, and
 //!   `get nodes/proxy` must not be enough to run commands.
-//! - `AUTH_MODE=x509`: verified client certificates only, no authorization calls.
+//! - `AUTH_MODE=x509`: verified client certificates only, and only the users named in
+//!   `X509_ALLOWED_USERS` (every real node's kubelet client certificate chains to the same CA,
+//!   so the CA alone says nothing about who may run commands); no review calls.
 //! - `AUTH_MODE=none`: anyone; for local sandboxes only, and said loudly.
 //!
-//! Decisions are cached like the kubelet's webhook caches (tokens 2 min, allowed 5 min, denied
-//! 30 s). Tokens are never logged and never kept: cache keys are their SHA-256.
+//! Decisions are cached like the kubelet's webhook caches (tokens 2 min, refused tokens too,
+//! allowed 5 min, denied 30 s), in one cache for every port. Tokens not in the cache cost a
+//! TokenReview each, so those are rate-limited: a flood of made-up tokens gets 429s, not a flood
+//! of reviews at the root apiserver. Tokens are never logged and never kept: cache keys are
+//! their SHA-256. A certificate with more than one common name is refused (Go's x509 reads the
+//! last, other parsers the first: two readers must never see two users).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -28,6 +34,7 @@ use rustls::pki_types::CertificateDer;
 
 use crate::config::AuthMode;
 use crate::kubelet_request::Kind;
+use crate::token_bucket::TokenBucket;
 
 /// The group every authenticated user belongs to.
 const AUTHENTICATED_GROUP: &str = "system:authenticated";
@@ -35,6 +42,9 @@ const AUTHENTICATED_GROUP: &str = "system:authenticated";
 const TOKEN_TTL: Duration = Duration::from_secs(120);
 const ALLOWED_TTL: Duration = Duration::from_secs(300);
 const DENIED_TTL: Duration = Duration::from_secs(30);
+/// TokenReviews of tokens not in the cache: a burst of this many, then this many a second.
+const REVIEW_BURST: f64 = 50.0;
+const REVIEWS_PER_SECOND: f64 = 20.0;
 /// Past this many entries a cache is cleared rather than grown: a bound against floods of
 /// distinct tokens.
 const CACHE_LIMIT: usize = 10_000;
@@ -80,6 +90,16 @@ pub enum AuthError {
         subresource: String,
         node: String,
     },
+    /// 403 in `AUTH_MODE=x509`: a verified certificate of a user not allowed.
+    #[error(
+        "user {user:?} is not allowed: AUTH_MODE=x509 serves only the users in X509_ALLOWED_USERS"
+    )]
+    NotAllowed { user: String },
+    /// 429: too many new tokens to review.
+    #[error(
+        "too many new bearer tokens to review (more than {REVIEWS_PER_SECOND} a second); try again later"
+    )]
+    Throttled,
     /// 503: the root cluster could not answer a review.
     #[error("cannot check access with the root cluster: {0}")]
     Unavailable(String),
@@ -89,7 +109,10 @@ impl AuthError {
     /// The HTTP status this error answers with.
     pub fn status(&self) -> http::StatusCode {
         match self {
-            AuthError::Forbidden { .. } => http::StatusCode::FORBIDDEN,
+            AuthError::Forbidden { .. } | AuthError::NotAllowed { .. } => {
+                http::StatusCode::FORBIDDEN
+            }
+            AuthError::Throttled => http::StatusCode::TOO_MANY_REQUESTS,
             AuthError::Unavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
             _ => http::StatusCode::UNAUTHORIZED,
         }
@@ -182,22 +205,33 @@ fn verb_of(method: &http::Method) -> &'static str {
     }
 }
 
-/// Identifies and authorizes callers according to the configured mode.
+/// Identifies and authorizes callers according to the configured mode. One is shared by every
+/// port, so its caches and its review budget are too.
 pub struct Authenticator {
     mode: AuthMode,
     root: Option<Client>,
+    /// `AUTH_MODE=x509`: the users (certificate CNs) that may call.
+    x509_allowed: BTreeSet<String>,
     tokens: Cache<[u8; 32], Option<Caller>>,
     decisions: Cache<(Caller, Access), bool>,
+    reviews: Mutex<TokenBucket>,
 }
 
 impl Authenticator {
-    /// `root` is needed for `webhook` mode (reviews go to the root apiserver).
-    pub fn new(mode: AuthMode, root: Option<Client>) -> Authenticator {
+    /// `root` is needed for `webhook` mode (reviews go to the root apiserver);
+    /// `x509_allowed` for `x509` mode.
+    pub fn new(
+        mode: AuthMode,
+        root: Option<Client>,
+        x509_allowed: impl IntoIterator<Item = String>,
+    ) -> Authenticator {
         Authenticator {
             mode,
             root,
+            x509_allowed: x509_allowed.into_iter().collect(),
             tokens: Cache::default(),
             decisions: Cache::default(),
+            reviews: Mutex::new(TokenBucket::full(REVIEW_BURST)),
         }
     }
 
@@ -229,8 +263,15 @@ impl Authenticator {
 
     /// Checks that `caller` may do `access` (or, where it has one, its `nodes/proxy` fallback).
     pub async fn authorize(&self, caller: &Caller, access: &Access) -> Result<(), AuthError> {
-        if self.mode != AuthMode::Webhook {
-            return Ok(());
+        match self.mode {
+            AuthMode::None => return Ok(()),
+            AuthMode::X509 if self.x509_allowed.contains(&caller.user) => return Ok(()),
+            AuthMode::X509 => {
+                return Err(AuthError::NotAllowed {
+                    user: caller.user.clone(),
+                });
+            }
+            AuthMode::Webhook => {}
         }
         if self.allowed(caller, access).await?
             || (access.proxy_fallback && self.allowed(caller, &access.via_proxy()).await?)
@@ -276,6 +317,14 @@ impl Authenticator {
         let known = match self.tokens.get(&key) {
             Some(known) => known,
             None => {
+                if !self
+                    .reviews
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take(REVIEWS_PER_SECOND, REVIEW_BURST)
+                {
+                    return Err(AuthError::Throttled);
+                }
                 let review = TokenReview {
                     spec: TokenReviewSpec {
                         token: Some(token.to_string()),
@@ -349,6 +398,11 @@ pub fn caller_from_cert(der: &CertificateDer<'_>) -> Result<Caller, AuthError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| AuthError::BadCertificate(e.to_string()))?;
     let subject = cert.subject();
+    if subject.iter_common_name().count() > 1 {
+        return Err(AuthError::BadCertificate(
+            "more than one common name (CN): which one is the user is ambiguous".to_string(),
+        ));
+    }
     let user = subject
         .iter_common_name()
         .next()
@@ -476,17 +530,17 @@ mod tests {
     #[tokio::test]
     async fn modes_without_credentials() {
         let headers = http::HeaderMap::new();
-        let none = Authenticator::new(AuthMode::None, None);
+        let none = Authenticator::new(AuthMode::None, None, []);
         assert_eq!(
             none.authenticate(None, &headers).await.unwrap().user,
             "system:anonymous"
         );
-        let x509 = Authenticator::new(AuthMode::X509, None);
+        let x509 = Authenticator::new(AuthMode::X509, None, []);
         assert_eq!(
             x509.authenticate(None, &headers).await,
             Err(AuthError::NoCredentials(false))
         );
-        let webhook = Authenticator::new(AuthMode::Webhook, None);
+        let webhook = Authenticator::new(AuthMode::Webhook, None, []);
         assert_eq!(
             webhook.authenticate(None, &headers).await,
             Err(AuthError::NoCredentials(true))
@@ -507,6 +561,45 @@ mod tests {
         let caller = caller_from_cert(cert.der()).unwrap();
         assert_eq!(caller.user, "eve");
         assert_eq!(caller.groups, ["developers", "system:authenticated"]);
+    }
+
+    #[tokio::test]
+    async fn x509_mode_serves_only_the_allowed_users() {
+        let x509 = Authenticator::new(
+            AuthMode::X509,
+            None,
+            ["kube-apiserver-kubelet-client".to_string()],
+        );
+        let access = Access::for_call(Kind::Exec, &http::Method::POST, "relaylet-leaf-1");
+        let apiserver = Caller::named("kube-apiserver-kubelet-client", &["system:masters"]);
+        assert_eq!(x509.authorize(&apiserver, &access).await, Ok(()));
+        let kubelet = Caller::named("system:node:worker-1", &["system:nodes"]);
+        assert_eq!(
+            x509.authorize(&kubelet, &access).await,
+            Err(AuthError::NotAllowed {
+                user: "system:node:worker-1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_certificate_with_two_common_names_is_refused() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        // rcgen keeps one entry per type, so the second CN goes in as a raw attribute.
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "system:masters-member");
+        params.distinguished_name.push(
+            rcgen::DnType::CustomDnType(vec![2, 5, 4, 3]),
+            "kube-apiserver-kubelet-client",
+        );
+        let cert = params.self_signed(&key).unwrap();
+        let err = caller_from_cert(cert.der()).unwrap_err();
+        assert!(
+            matches!(&err, AuthError::BadCertificate(m) if m.contains("more than one common name")),
+            "{err}"
+        );
     }
 
     #[test]

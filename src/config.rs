@@ -97,6 +97,8 @@ pub struct Config {
     pub leaf_secret_label: String,
     pub node_name_prefix: String,
     pub auth_mode: AuthMode,
+    /// `AUTH_MODE=x509`: the client certificate CNs that may call (`X509_ALLOWED_USERS`).
+    pub x509_allowed_users: Vec<String>,
     pub stream_idle_timeout: Duration,
     pub stream_creation_timeout: Duration,
     pub pod_name: Option<String>,
@@ -127,11 +129,20 @@ pub struct Limits {
     /// Connections whose TLS handshake is not done yet (`MAX_PENDING_HANDSHAKES`); one address
     /// may hold an eighth of them.
     pub pending_handshakes: usize,
+    /// Connections without a client certificate whose caller has not authenticated yet
+    /// (`MAX_UNAUTHENTICATED_CONNECTIONS`), and from one address
+    /// (`MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT`).
+    pub unauthenticated_connections: usize,
+    pub unauthenticated_connections_per_client: usize,
     /// Open exec/attach/port-forward streams in total (`MAX_SESSIONS`).
     pub sessions: usize,
     /// Open streams of one authenticated user (`MAX_SESSIONS_PER_USER`). All calls relayed by
     /// the root apiserver share its kubelet-client identity, so keep this generous.
     pub sessions_per_user: usize,
+    /// Open log streams (`containerLogs`, followed or not) in total (`MAX_LOG_STREAMS`) and of
+    /// one authenticated user (`MAX_LOG_STREAMS_PER_USER`).
+    pub log_streams: usize,
+    pub log_streams_per_user: usize,
 }
 
 impl Default for Limits {
@@ -140,8 +151,12 @@ impl Default for Limits {
             connections: 16384,
             connections_per_client: 8192,
             pending_handshakes: 1024,
+            unauthenticated_connections: 256,
+            unauthenticated_connections_per_client: 32,
             sessions: 16384,
             sessions_per_user: 8192,
+            log_streams: 1024,
+            log_streams_per_user: 1024,
         }
     }
 }
@@ -215,6 +230,7 @@ impl Config {
         let static_leaf = static_leaf(&mut vars);
         let node_name_prefix = node_name_prefix(&mut vars);
         let auth_mode = auth_mode(&mut vars);
+        let x509_allowed_users = x509_allowed_users(&mut vars, auth_mode);
         let stream_idle_timeout =
             vars.duration("STREAM_IDLE_TIMEOUT", Duration::from_secs(4 * 3600));
         let stream_creation_timeout =
@@ -242,6 +258,7 @@ impl Config {
                 .unwrap_or_else(|| DEFAULT_LEAF_SECRET_LABEL.to_string()),
             node_name_prefix,
             auth_mode,
+            x509_allowed_users,
             stream_idle_timeout,
             stream_creation_timeout,
             pod_name: vars.get("POD_NAME"),
@@ -459,6 +476,35 @@ fn auth_mode(vars: &mut Vars<'_>) -> AuthMode {
     auth_mode
 }
 
+/// `X509_ALLOWED_USERS`: required, and only meaningful, with `AUTH_MODE=x509`. That mode asks
+/// the root cluster nothing, so the root client CA is all it checks, and that CA signs every real
+/// node's kubelet client certificate too: without a list, any of them could exec into every leaf
+/// pod.
+fn x509_allowed_users(vars: &mut Vars<'_>, mode: AuthMode) -> Vec<String> {
+    let users: Vec<String> = vars
+        .get("X509_ALLOWED_USERS")
+        .map(|raw| {
+            raw.split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    match (mode, users.is_empty()) {
+        (AuthMode::X509, true) => vars.error(
+            "AUTH_MODE",
+            "\"x509\" authorizes nothing: every certificate of the root client CA (every node's kubelet client certificate among them) could exec into every leaf pod; list the certificate CNs that may call in X509_ALLOWED_USERS (the root apiserver's kubelet client, e.g. kube-apiserver-kubelet-client), or use webhook",
+        ),
+        (AuthMode::X509, false) | (_, true) => {}
+        (_, false) => vars.error(
+            "X509_ALLOWED_USERS",
+            "means nothing unless AUTH_MODE=x509 (webhook mode authorizes each caller with a SubjectAccessReview)",
+        ),
+    }
+    users
+}
+
 /// `LEAF_POD_MATCH` and `LEAF_POD_MARKER`.
 fn leaf_pod_match(vars: &mut Vars<'_>) -> LeafPodMatch {
     let mode = vars.get("LEAF_POD_MATCH");
@@ -516,8 +562,18 @@ fn limits(vars: &mut Vars<'_>) -> Limits {
             defaults.connections_per_client,
         ),
         pending_handshakes: vars.count("MAX_PENDING_HANDSHAKES", defaults.pending_handshakes),
+        unauthenticated_connections: vars.count(
+            "MAX_UNAUTHENTICATED_CONNECTIONS",
+            defaults.unauthenticated_connections,
+        ),
+        unauthenticated_connections_per_client: vars.count(
+            "MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT",
+            defaults.unauthenticated_connections_per_client,
+        ),
         sessions: vars.count("MAX_SESSIONS", defaults.sessions),
         sessions_per_user: vars.count("MAX_SESSIONS_PER_USER", defaults.sessions_per_user),
+        log_streams: vars.count("MAX_LOG_STREAMS", defaults.log_streams),
+        log_streams_per_user: vars.count("MAX_LOG_STREAMS_PER_USER", defaults.log_streams_per_user),
     }
 }
 
@@ -945,6 +1001,29 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.auth_mode, AuthMode::None);
+    }
+
+    #[test]
+    fn x509_mode_needs_an_allow_list() {
+        let err = config(&[("LEAF_NODE_IP", "10.0.0.1"), ("AUTH_MODE", "x509")]).unwrap_err();
+        assert_eq!(err.0[0].var, "AUTH_MODE");
+        assert!(err.0[0].message.contains("X509_ALLOWED_USERS"), "{err}");
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("AUTH_MODE", "x509"),
+            ("X509_ALLOWED_USERS", "kube-apiserver-kubelet-client, admin"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.x509_allowed_users,
+            ["kube-apiserver-kubelet-client", "admin"]
+        );
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("X509_ALLOWED_USERS", "admin"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "X509_ALLOWED_USERS");
     }
 
     #[test]

@@ -159,6 +159,14 @@ impl NamespaceMap {
                 ));
             }
         }
+        // An empty map means "every namespace as itself": an annotation that is present but
+        // empty (or only commas) is a mistake, never read as that.
+        if map.is_empty() {
+            return Err(
+                "is empty: list root-namespace=leaf-namespace pairs, or remove it to map every namespace to itself"
+                    .to_string(),
+            );
+        }
         Ok(NamespaceMap(map))
     }
 
@@ -291,6 +299,12 @@ mod tests {
                 .contains("root-namespace=leaf-namespace")
         );
         assert!(NamespaceMap::parse("a=Not_Valid").is_err());
-        assert_eq!(NamespaceMap::parse("").unwrap(), NamespaceMap::default());
+        // Present but empty is a mistake, never "every namespace".
+        for empty in ["", " ", ",", " , "] {
+            assert!(
+                NamespaceMap::parse(empty).unwrap_err().contains("is empty"),
+                "{empty:?}"
+            );
+        }
     }
 }

@@ -38,6 +38,7 @@ pub mod splice;
 pub mod status;
 pub mod telemetry;
 pub mod tls;
+pub mod token_bucket;
 pub mod virtual_node;
 pub mod warm_connector;
 
@@ -98,8 +99,8 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     let csr = request_serving_certificate(&config, &root, &registry, &metrics, &shutdown);
     let leadership = elect_leader(&config, &root, &metrics, &shutdown, csr.clone());
     spawn_until(&shutdown, health.clone().probe(root.clone()));
-    // Bound before the Nodes are written, so they name the port actually bound
-    // (NODE_SERVER_PORT=0 takes any free one).
+    // Bound before the node listeners, which take the free ports above it (NODE_SERVER_PORT=0
+    // takes any free one).
     let addr = SocketAddr::new(config.leaf_node_ip, config.node_server_port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -112,7 +113,6 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         pods: pods.clone(),
         leadership: leadership.clone(),
         node_ports: node_ports.clone(),
-        node_server_port: listener.local_addr()?.port(),
         metrics: metrics.clone(),
         health: health.clone(),
         owner: config
@@ -381,10 +381,16 @@ impl NodeServers {
             self.registry.clone(),
             self.config.leaf_pod_match.clone(),
         ));
+        // One authenticator for every port: one cache, and one budget of token reviews.
+        let auth = Arc::new(auth::Authenticator::new(
+            self.config.auth_mode,
+            Some(self.root.clone()),
+            self.config.x509_allowed_users.clone(),
+        ));
         move |node: Option<String>| {
             Arc::new(node_server::NodeServer {
                 gate: gate.clone(),
-                auth: auth::Authenticator::new(self.config.auth_mode, Some(self.root.clone())),
+                auth: auth.clone(),
                 registry: self.registry.clone(),
                 pods: self.pods.clone(),
                 relay: relay.clone(),

@@ -1,14 +1,22 @@
-//! Counts open connections and streaming sessions against the configured caps.
+//! Counts open connections, streaming sessions and log streams against the configured caps.
 //!
-//! A permit is taken when a connection is accepted or a session starts and given back when it is
+//! A permit is taken when a connection is accepted or a stream starts and given back when it is
 //! dropped, so counts can never leak on an error path. Past a cap the caller is told so with a
 //! 503, and everyone else keeps being served.
 //!
-//! Connections are counted in two stages, so that strangers cannot crowd out the root
-//! apiserver: until its TLS handshake is done a connection holds only a *handshake* permit (a
-//! small budget, at most an eighth of it per address; over it the connection is closed at once),
-//! and then a connection permit, where connections without a client certificate may hold at
-//! most half of `MAX_CONNECTIONS`; the rest is kept for callers with one.
+//! Connections are counted in stages, so that strangers can neither crowd out the root
+//! apiserver nor exhaust memory before anyone knows who they are:
+//! - until its TLS handshake is done a connection holds only a *handshake* permit (a small
+//!   budget, at most an eighth of it per address; over it the connection is closed at once);
+//! - then a connection permit; a connection without a client certificate is *unauthenticated*
+//!   until one of its requests authenticates (a bearer token), and until then it also holds an
+//!   unauthenticated permit from a small budget of its own, total and per address
+//!   (`MAX_UNAUTHENTICATED_CONNECTIONS[_PER_CLIENT]`), and may send only a small request head
+//!   (see `node_server`). What such connections can hold is therefore bounded by those caps
+//!   times the small head, and the chart derives its memory limit from every cap here.
+//!
+//! Streams are counted per kind: exec/attach/port-forward sessions (`MAX_SESSIONS[_PER_USER]`)
+//! and log streams (`MAX_LOG_STREAMS[_PER_USER]`), each total and per authenticated user.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -16,9 +24,11 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::kubelet_request::Kind;
+
 use crate::config::Limits;
 
-/// Why a connection or session was refused.
+/// Why a connection or stream was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitError {
     #[error(
@@ -30,9 +40,13 @@ pub enum LimitError {
     )]
     ConnectionsPerClient { ip: IpAddr, max: usize },
     #[error(
-        "relaylet is serving its maximum of {0} connections without a client certificate (half of MAX_CONNECTIONS); try again later"
+        "relaylet holds its maximum of {0} connections whose caller is not authenticated yet (MAX_UNAUTHENTICATED_CONNECTIONS); present a client certificate, or try again later"
     )]
-    ConnectionsWithoutCertificate(usize),
+    Unauthenticated(usize),
+    #[error(
+        "{ip} holds its maximum of {max} connections whose caller is not authenticated yet (MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT)"
+    )]
+    UnauthenticatedPerClient { ip: IpAddr, max: usize },
     #[error("{0} has its maximum of pending TLS handshakes (MAX_PENDING_HANDSHAKES)")]
     Handshakes(IpAddr),
     #[error("relaylet is relaying its maximum of {0} streams (MAX_SESSIONS); try again later")]
@@ -41,6 +55,27 @@ pub enum LimitError {
         "user {user:?} has its maximum of {max} open streams (MAX_SESSIONS_PER_USER); try again later"
     )]
     SessionsPerUser { user: String, max: usize },
+    #[error("relaylet is streaming its maximum of {0} logs (MAX_LOG_STREAMS); try again later")]
+    LogStreams(usize),
+    #[error(
+        "user {user:?} has its maximum of {max} open log streams (MAX_LOG_STREAMS_PER_USER); try again later"
+    )]
+    LogStreamsPerUser { user: String, max: usize },
+}
+
+impl LimitError {
+    /// The cap's name in the `relaylet_limit_refusals_total` metric.
+    pub fn cap(&self) -> &'static str {
+        match self {
+            LimitError::Connections(_) | LimitError::ConnectionsPerClient { .. } => "connections",
+            LimitError::Unauthenticated(_) | LimitError::UnauthenticatedPerClient { .. } => {
+                "unauthenticated_connections"
+            }
+            LimitError::Handshakes(_) => "handshakes",
+            LimitError::Sessions(_) | LimitError::SessionsPerUser { .. } => "sessions",
+            LimitError::LogStreams(_) | LimitError::LogStreamsPerUser { .. } => "log_streams",
+        }
+    }
 }
 
 /// The counters. Shared by every connection.
@@ -48,14 +83,35 @@ pub struct Gate {
     limits: Limits,
     handshakes: Tally<IpAddr>,
     connections: Tally<IpAddr>,
-    uncertified: Tally<()>,
+    unauthenticated: Tally<IpAddr>,
     sessions: Tally<String>,
+    log_streams: Tally<String>,
 }
 
-/// An open connection's permits.
+/// An open connection's permits. The unauthenticated permit, held until the caller is known,
+/// sits in a slot its requests share, so the first request that authenticates can give it back
+/// ([`Unauthenticated::authenticated`]).
 pub struct ConnectionPermit {
     _connection: Permit<IpAddr>,
-    _uncertified: Option<Permit<()>>,
+    pub unauthenticated: Unauthenticated,
+}
+
+/// The place of a connection whose caller is not known yet, in the unauthenticated budget;
+/// empty for a connection that presented a client certificate or has authenticated. Cheap to
+/// clone (its requests share it).
+#[derive(Clone, Default)]
+pub struct Unauthenticated(Arc<Mutex<Option<Permit<IpAddr>>>>);
+
+impl Unauthenticated {
+    /// The caller has authenticated: the connection leaves the unauthenticated budget.
+    pub fn authenticated(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Whether the connection still counts as unauthenticated.
+    pub fn is_pending(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
 }
 
 impl Gate {
@@ -64,8 +120,9 @@ impl Gate {
             limits,
             handshakes: Tally::default(),
             connections: Tally::default(),
-            uncertified: Tally::default(),
+            unauthenticated: Tally::default(),
             sessions: Tally::default(),
+            log_streams: Tally::default(),
         })
     }
 
@@ -83,28 +140,38 @@ impl Gate {
     }
 
     /// The permits for one more connection from `ip` whose handshake is done; `certified` when
-    /// it presented a verified client certificate.
+    /// it presented a verified client certificate (its caller is known), else it also takes an
+    /// unauthenticated permit.
     pub fn tls_connection(
         self: &Arc<Self>,
         ip: IpAddr,
         certified: bool,
     ) -> Result<ConnectionPermit, LimitError> {
-        let uncertified = if certified {
+        let unauthenticated = if certified {
             None
         } else {
-            let half = (self.limits.connections / 2).max(1);
-            self.uncertified
-                .take((), half, half)
-                .map_err(|_| LimitError::ConnectionsWithoutCertificate(half))?;
+            let (total, per_client) = (
+                self.limits.unauthenticated_connections,
+                self.limits.unauthenticated_connections_per_client,
+            );
+            self.unauthenticated
+                .take(ip, total, per_client)
+                .map_err(|over| match over {
+                    Over::Total => LimitError::Unauthenticated(total),
+                    Over::PerKey => LimitError::UnauthenticatedPerClient {
+                        ip,
+                        max: per_client,
+                    },
+                })?;
             Some(Permit {
                 gate: self.clone(),
-                key: (),
-                release: |gate, key| gate.uncertified.give(key),
+                key: ip,
+                release: |gate, key| gate.unauthenticated.give(key),
             })
         };
         Ok(ConnectionPermit {
             _connection: self.connection(ip)?,
-            _uncertified: uncertified,
+            unauthenticated: Unauthenticated(Arc::new(Mutex::new(unauthenticated))),
         })
     }
 
@@ -130,6 +197,15 @@ impl Gate {
         })
     }
 
+    /// A permit for one more stream of `kind` (a streaming session or a log stream) of `user`.
+    pub fn stream(self: &Arc<Self>, kind: Kind, user: &str) -> Result<Permit<String>, LimitError> {
+        if kind.is_streaming() {
+            self.session(user)
+        } else {
+            self.log_stream(user)
+        }
+    }
+
     /// A permit for one more streaming session of `user`.
     pub fn session(self: &Arc<Self>, user: &str) -> Result<Permit<String>, LimitError> {
         let key = user.to_string();
@@ -153,14 +229,47 @@ impl Gate {
         })
     }
 
+    /// A permit for one more log stream of `user`.
+    pub fn log_stream(self: &Arc<Self>, user: &str) -> Result<Permit<String>, LimitError> {
+        let key = user.to_string();
+        self.log_streams
+            .take(
+                key.clone(),
+                self.limits.log_streams,
+                self.limits.log_streams_per_user,
+            )
+            .map_err(|over| match over {
+                Over::Total => LimitError::LogStreams(self.limits.log_streams),
+                Over::PerKey => LimitError::LogStreamsPerUser {
+                    user: key.clone(),
+                    max: self.limits.log_streams_per_user,
+                },
+            })?;
+        Ok(Permit {
+            gate: self.clone(),
+            key,
+            release: |gate, key| gate.log_streams.give(key),
+        })
+    }
+
     /// Open connections now.
     pub fn open_connections(&self) -> usize {
         self.connections.total.load(Ordering::Relaxed)
     }
 
+    /// Open connections whose caller is not authenticated yet.
+    pub fn open_unauthenticated(&self) -> usize {
+        self.unauthenticated.total.load(Ordering::Relaxed)
+    }
+
     /// Open streaming sessions now.
     pub fn open_sessions(&self) -> usize {
         self.sessions.total.load(Ordering::Relaxed)
+    }
+
+    /// Open log streams now.
+    pub fn open_log_streams(&self) -> usize {
+        self.log_streams.total.load(Ordering::Relaxed)
     }
 }
 
@@ -285,24 +394,70 @@ mod tests {
     }
 
     #[test]
-    fn half_the_connections_are_kept_for_certified_callers() {
+    fn unauthenticated_connections_have_a_budget_of_their_own() {
         let gate = Gate::new(Limits {
-            connections: 4,
-            connections_per_client: 4,
+            connections: 8,
+            connections_per_client: 8,
+            unauthenticated_connections: 3,
+            unauthenticated_connections_per_client: 2,
             ..Limits::default()
         });
         let stranger: IpAddr = "10.0.0.9".parse().unwrap();
+        let other: IpAddr = "10.0.0.8".parse().unwrap();
         let apiserver: IpAddr = "10.0.0.1".parse().unwrap();
         let s1 = gate.tls_connection(stranger, false).unwrap();
         let _s2 = gate.tls_connection(stranger, false).unwrap();
         assert_eq!(
             gate.tls_connection(stranger, false).err(),
-            Some(LimitError::ConnectionsWithoutCertificate(2))
+            Some(LimitError::UnauthenticatedPerClient {
+                ip: stranger,
+                max: 2
+            })
         );
+        let _o1 = gate.tls_connection(other, false).unwrap();
+        assert_eq!(
+            gate.tls_connection(other, false).err(),
+            Some(LimitError::Unauthenticated(3))
+        );
+        // Callers with a certificate are not held up by strangers.
         let _a1 = gate.tls_connection(apiserver, true).unwrap();
-        let _a2 = gate.tls_connection(apiserver, true).unwrap();
+        assert!(!_a1.unauthenticated.is_pending());
+        assert_eq!(gate.open_unauthenticated(), 3);
+        // A connection whose caller authenticates leaves the budget, and stays open.
+        assert!(s1.unauthenticated.is_pending());
+        s1.unauthenticated.authenticated();
+        assert!(!s1.unauthenticated.is_pending());
+        assert_eq!(gate.open_unauthenticated(), 2);
         assert_eq!(gate.open_connections(), 4);
-        drop(s1);
-        assert!(gate.tls_connection(stranger, false).is_ok());
+        assert!(gate.tls_connection(other, false).is_ok());
+    }
+
+    #[test]
+    fn log_streams_are_capped_apart_from_sessions() {
+        let gate = Gate::new(Limits {
+            sessions: 1,
+            sessions_per_user: 1,
+            log_streams: 2,
+            log_streams_per_user: 1,
+            ..Limits::default()
+        });
+        let _exec = gate.stream(Kind::Exec, "alice").unwrap();
+        let alice = gate.stream(Kind::ContainerLogs, "alice").unwrap();
+        assert_eq!(
+            gate.stream(Kind::ContainerLogs, "alice").err(),
+            Some(LimitError::LogStreamsPerUser {
+                user: "alice".into(),
+                max: 1
+            })
+        );
+        let _bob = gate.stream(Kind::ContainerLogs, "bob").unwrap();
+        assert_eq!(
+            gate.stream(Kind::ContainerLogs, "carol").err(),
+            Some(LimitError::LogStreams(2))
+        );
+        assert_eq!(gate.open_log_streams(), 2);
+        assert_eq!(gate.open_sessions(), 1);
+        drop(alice);
+        assert!(gate.stream(Kind::ContainerLogs, "carol").is_ok());
     }
 }

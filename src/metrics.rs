@@ -57,6 +57,9 @@ pub struct Metrics {
     pub counterpart_refusals: Family<LeafConnectionLabels, Counter>,
     /// Rounds in which the leader looked for this install's Nodes whose leaf is gone.
     pub orphan_checks: Counter,
+    /// Connections and streams refused at a cap, by `cap` (`connections`,
+    /// `unauthenticated_connections`, `handshakes`, `sessions`, `log_streams`).
+    pub limit_refusals: Family<OneLabel, Counter>,
     /// `SERVING_CERT_MODE=csr`: 1 while this replica's CSR waits for approval and signing.
     pub serving_cert_pending: Gauge,
     /// `SERVING_CERT_MODE=csr`: certificates issued to this replica (the first and renewals).
@@ -170,6 +173,12 @@ impl Metrics {
             "When the CSR-issued serving certificate expires, in Unix seconds (alert when it comes near)",
             serving_cert_expiry.clone(),
         );
+        let limit_refusals = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "limit_refusals",
+            "Connections and streams refused at a cap, by cap (connections, unauthenticated_connections, handshakes, sessions, log_streams)",
+            limit_refusals.clone(),
+        );
         let csr_approver_decisions = Family::<OneLabel, Counter>::default();
         registry.register(
             "csr_approver_decisions",
@@ -194,7 +203,15 @@ impl Metrics {
             leaf_connections,
             counterpart_refusals,
             orphan_checks,
+            limit_refusals,
         }
+    }
+
+    /// Counts one connection or stream refused at cap `cap` (see `limits::LimitError::cap`).
+    pub fn limit_refusal(&self, cap: &'static str) {
+        self.limit_refusals
+            .get_or_create(&[("cap", cap.to_string())])
+            .inc();
     }
 
     /// The counters of connections to `leaf` served by its spare and dialed by the session.

@@ -8,6 +8,11 @@
 //! should name it. The listener serves the full kubelet API (exec and logs work on it too),
 //! with node-level paths answered for its node.
 //!
+//! It is also a boundary: a node's port serves only that node's pods (`node_server::calls`), and
+//! a Node always names its own port, never the shared one, because the root apiserver's node
+//! proxy calls the port a Node names with its own, all-powerful identity on behalf of a user who
+//! was authorized for that node alone.
+//!
 //! Ports are taken from `NODE_SERVER_PORT + 1` upwards, the first free one for each node. Only
 //! the leader's ports matter (the leader's IP is the node address it writes); a new leader writes
 //! its own ports together with its address.
@@ -24,6 +29,8 @@ use crate::node_server::{self, NodeServer};
 
 /// How many ports above the shared one are tried for each node.
 const PORT_SEARCH: u16 = 1000;
+/// How long to wait before trying again to bind a node's port when none was free.
+const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Which port serves which virtual node on this replica. Cheap to clone.
 #[derive(Clone, Default)]
@@ -75,6 +82,7 @@ impl NodePorts {
                 }
                 keep
             });
+            let mut unbound = false;
             for node in nodes {
                 if running.contains_key(&node) {
                     continue;
@@ -82,7 +90,9 @@ impl NodePorts {
                 let listener = match bind_free(shared.ip(), shared.port()).await {
                     Ok(listener) => listener,
                     Err(err) => {
-                        tracing::warn!(%node, %err, "no port for the node's own listener");
+                        // The Node is not written without its own port (see `leaf_loop`).
+                        tracing::warn!(%node, %err, "no port for the node's own listener; retrying");
+                        unbound = true;
                         continue;
                     }
                 };
@@ -105,6 +115,7 @@ impl NodePorts {
             }
             tokio::select! {
                 changed = leaves.changed() => if changed.is_err() { break },
+                _ = tokio::time::sleep(BIND_RETRY), if unbound => {}
                 _ = stop.cancelled() => break,
             }
         }

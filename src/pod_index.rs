@@ -7,9 +7,16 @@
 //!
 //! Only what the root apiserver decides is kept (node, UID): which leaf pod stands for a root
 //! pod is `counterpart`'s business, and never read from the pod's own annotations.
+//!
+//! A lookup must not let callers make the root apiserver work for them: on a node's own port
+//! ([`PodIndex::route_on_node`]) the node's watch is the truth once it has listed, and a pod not
+//! in it is waited for briefly (the watch lags a fresh pod by a moment), never fetched; on the
+//! shared port ([`PodIndex::route`]) an unindexed pod costs one GET, but answers are remembered
+//! for a few seconds (a miss too) and such GETs have a budget.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -47,7 +54,21 @@ pub enum RouteError {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "pod {namespace}/{pod} is not indexed yet and too many unindexed pods were looked up; try again"
+    )]
+    Busy { namespace: String, pod: String },
 }
+
+/// How long a lookup on a node's port waits for the node's watch to show a pod it lacks.
+const INDEX_LAG: Duration = Duration::from_secs(3);
+/// How long the shared port remembers a GET's answer for a pod not in the index.
+const LOOKUP_TTL: Duration = Duration::from_secs(5);
+/// Most remembered GET answers; past it they are forgotten at once.
+const LOOKUP_LIMIT: usize = 4096;
+/// GETs of unindexed pods: a burst of this many, then this many a second.
+const LOOKUP_BURST: f64 = 20.0;
+const LOOKUPS_PER_SECOND: f64 = 10.0;
 
 type Key = (String, String);
 
@@ -57,6 +78,14 @@ pub struct PodIndex {
     root: Client,
     registry: Registry,
     routes: Arc<RwLock<HashMap<Key, PodRoute>>>,
+    /// Woken whenever a pod is indexed.
+    indexed: Arc<tokio::sync::Notify>,
+    /// Virtual nodes whose pod watch has listed: their pods are all in `routes`.
+    listed: Arc<RwLock<HashSet<String>>>,
+    /// The shared port's recent GETs of unindexed pods: the node each was on ("" when not
+    /// found), and when that was learned.
+    looked_up: Arc<Mutex<HashMap<Key, (String, Option<String>, Instant)>>>,
+    lookups: Arc<Mutex<crate::token_bucket::TokenBucket>>,
 }
 
 impl PodIndex {
@@ -65,34 +94,30 @@ impl PodIndex {
             root,
             registry,
             routes: Arc::default(),
+            indexed: Arc::default(),
+            listed: Arc::default(),
+            looked_up: Arc::default(),
+            lookups: Arc::new(Mutex::new(crate::token_bucket::TokenBucket::full(
+                LOOKUP_BURST,
+            ))),
         }
     }
 
-    /// Where requests for root pod `namespace/pod` go.
+    /// Where requests for root pod `namespace/pod` go, from the index, else (a pod too fresh
+    /// for the watch, or on no virtual node) from one remembered and budgeted GET.
     pub async fn route(&self, namespace: &str, pod: &str) -> Result<PodRoute, RouteError> {
         let key = (namespace.to_string(), pod.to_string());
-        let cached = read(&self.routes).get(&key).cloned();
-        if let Some(route) = cached
-            && self.registry.by_node(&route.node_name).is_some()
-        {
+        if let Some(route) = self.indexed_route(&key) {
             return Ok(route);
         }
-        // Not indexed yet (the watch lags a fresh pod by a moment): ask once.
-        let api: Api<Pod> = Api::namespaced(self.root.clone(), namespace);
-        let found = api.get_opt(pod).await.map_err(|source| RouteError::Root {
+        let (node, uid) = self.look_up(&key).await?;
+        let not_found = || RouteError::NotFound {
             namespace: namespace.to_string(),
             pod: pod.to_string(),
-            source,
-        })?;
-        let found = found.ok_or_else(|| RouteError::NotFound {
-            namespace: namespace.to_string(),
-            pod: pod.to_string(),
-        })?;
-        let node = found
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
+        };
+        if node.is_empty() && uid.is_none() {
+            return Err(not_found());
+        }
         if self.registry.by_node(&node).is_none() {
             return Err(RouteError::NotOnVirtualNode {
                 namespace: namespace.to_string(),
@@ -100,10 +125,93 @@ impl PodIndex {
                 node,
             });
         }
-        route_of(&found).ok_or_else(|| RouteError::NotFound {
-            namespace: namespace.to_string(),
-            pod: pod.to_string(),
+        Ok(PodRoute {
+            node_name: node,
+            uid,
         })
+    }
+
+    /// Where requests for root pod `namespace/pod` go if it is on virtual node `node`: from the
+    /// node's watch alone, waiting a moment for a pod it does not show yet. Costs the root
+    /// apiserver nothing, except while the node's watch has not listed yet (just after start).
+    pub async fn route_on_node(
+        &self,
+        namespace: &str,
+        pod: &str,
+        node: &str,
+    ) -> Result<Option<PodRoute>, RouteError> {
+        let key = (namespace.to_string(), pod.to_string());
+        let deadline = tokio::time::Instant::now() + INDEX_LAG;
+        loop {
+            // Registered before the look, so an upsert in between is not missed.
+            let indexed = self.indexed.notified();
+            if let Some(route) = self.indexed_route(&key) {
+                return Ok((route.node_name == node).then_some(route));
+            }
+            if !read(&self.listed).contains(node) {
+                let route = self.route(namespace, pod).await;
+                return match route {
+                    Ok(route) => Ok((route.node_name == node).then_some(route)),
+                    Err(RouteError::NotFound { .. } | RouteError::NotOnVirtualNode { .. }) => {
+                        Ok(None)
+                    }
+                    Err(err) => Err(err),
+                };
+            }
+            if tokio::time::timeout_at(deadline, indexed).await.is_err() {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn indexed_route(&self, key: &Key) -> Option<PodRoute> {
+        read(&self.routes)
+            .get(key)
+            .filter(|route| self.registry.by_node(&route.node_name).is_some())
+            .cloned()
+    }
+
+    /// The node and UID of a pod the index lacks ("" and `None` when there is no such pod),
+    /// from a GET remembered for [`LOOKUP_TTL`] and drawn from a budget.
+    async fn look_up(&self, key: &Key) -> Result<(String, Option<String>), RouteError> {
+        let now = Instant::now();
+        {
+            let mut looked_up = self.looked_up.lock().unwrap_or_else(|e| e.into_inner());
+            looked_up.retain(|_, (_, _, at)| now.duration_since(*at) < LOOKUP_TTL);
+            if let Some((node, uid, _)) = looked_up.get(key) {
+                return Ok((node.clone(), uid.clone()));
+            }
+        }
+        let (namespace, pod) = key;
+        let allowed = self
+            .lookups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(LOOKUPS_PER_SECOND, LOOKUP_BURST);
+        if !allowed {
+            return Err(RouteError::Busy {
+                namespace: namespace.clone(),
+                pod: pod.clone(),
+            });
+        }
+        let api: Api<Pod> = Api::namespaced(self.root.clone(), namespace);
+        let found = api.get_opt(pod).await.map_err(|source| RouteError::Root {
+            namespace: namespace.clone(),
+            pod: pod.clone(),
+            source,
+        })?;
+        let answer = found
+            .map(|p| {
+                let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+                (node, p.metadata.uid)
+            })
+            .unwrap_or_default();
+        let mut looked_up = self.looked_up.lock().unwrap_or_else(|e| e.into_inner());
+        if looked_up.len() >= LOOKUP_LIMIT {
+            looked_up.clear();
+        }
+        looked_up.insert(key.clone(), (answer.0.clone(), answer.1.clone(), now));
+        Ok(answer)
     }
 
     /// The leaf pods (leaf namespace, leaf name) that stand for root pods on virtual node `node`,
@@ -128,6 +236,7 @@ impl PodIndex {
                 let keep = nodes.contains(node);
                 if !keep {
                     task.abort();
+                    write(&self.listed).remove(node);
                     write(&self.routes).retain(|_, r| &r.node_name != node);
                 }
                 keep
@@ -162,6 +271,7 @@ impl PodIndex {
                 }
                 Ok(watcher::Event::InitDone) => {
                     write(&self.routes).retain(|key, r| r.node_name != node || seen.contains(key));
+                    write(&self.listed).insert(node.clone());
                 }
                 Ok(watcher::Event::Apply(pod)) => {
                     self.upsert(&pod);
@@ -180,6 +290,7 @@ impl PodIndex {
         let key = key_of(pod)?;
         let route = route_of(pod)?;
         write(&self.routes).insert(key.clone(), route);
+        self.indexed.notify_waiters();
         Some(key)
     }
 }

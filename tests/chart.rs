@@ -1079,8 +1079,13 @@ fn existing_secrets_x509_and_leaf_clusters_from_values() {
     );
     assert!(r.certificates.is_empty());
 
-    // x509: no reviews needed; the client CA comes from the given ConfigMap, not kube-system.
+    // x509: no reviews needed, only the listed certificate names are served; the client CA
+    // comes from the given ConfigMap, not kube-system.
     assert_eq!(r.env_value("AUTH_MODE"), Some("x509"));
+    assert_eq!(
+        r.env_value("X509_ALLOWED_USERS"),
+        Some("kube-apiserver-kubelet-client")
+    );
     let key = values["auth"]["clientCA"]["key"].as_str().unwrap();
     assert_eq!(
         r.env_value("APISERVER_CA_CERT_LOCATION"),
@@ -1280,7 +1285,7 @@ fn a_single_replica_has_no_election_and_no_disruption_budget() {
 
 #[test]
 fn bad_values_are_refused_by_the_schema() {
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--set", "nodeServer.port=0"], "/nodeServer/port"),
         (&["--set", "nodeServer.port=70000"], "/nodeServer/port"),
         (&["--set", "nodeServer.port=https"], "/nodeServer/port"),
@@ -1290,6 +1295,7 @@ fn bad_values_are_refused_by_the_schema() {
             "preferredAddressType",
         ),
         (&["--set", "auth.mode=none"], "/auth/mode"),
+        (&["--set", "auth.mode=x509"], "x509AllowedUsers"),
         (
             &["--set", "networkPolicy.enabled=true"],
             "controlPlaneCIDRs",
@@ -1733,10 +1739,10 @@ async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
     assert!(minted.contains("server: https://leaf-a.internal:6443"));
 }
 
-/// A replica that is not ready never blocks a drain, and the memory limit follows the session
-/// cap unless one is given; the caps reach relaylet's env.
+/// A replica that is not ready never blocks a drain, and the memory limit follows every cap
+/// unless one is given; the caps reach relaylet's env.
 #[test]
-fn drains_are_never_blocked_and_memory_follows_the_session_cap() {
+fn drains_are_never_blocked_and_memory_follows_every_cap() {
     let r = Rendered::render(&ValueSet::defaults());
     assert_eq!(r.pdbs.len(), 1);
     assert_eq!(
@@ -1759,15 +1765,30 @@ fn drains_are_never_blocked_and_memory_follows_the_session_cap() {
             .0
             .clone()
     };
-    // 64 MiB + 4096 sessions x 32 KiB.
-    assert_eq!(memory_limit(&r), "192Mi");
+    // 64 MiB + KiB: 6144 connections x 16 + 1024 handshakes x 16 + 256 unauthenticated
+    // connections x 32 + 4096 sessions x 32 + 1024 log streams x 48 = 303,104 KiB (296 MiB).
+    assert_eq!(memory_limit(&r), "360Mi");
     assert_eq!(r.env_value("MAX_SESSIONS"), Some("4096"));
     assert_eq!(r.env_value("MAX_SESSIONS_PER_USER"), Some("4096"));
-    assert_eq!(r.env_value("MAX_CONNECTIONS"), Some("16384"));
+    assert_eq!(r.env_value("MAX_CONNECTIONS"), Some("6144"));
     assert_eq!(r.env_value("MAX_PENDING_HANDSHAKES"), Some("1024"));
+    assert_eq!(r.env_value("MAX_UNAUTHENTICATED_CONNECTIONS"), Some("256"));
+    assert_eq!(
+        r.env_value("MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT"),
+        Some("32")
+    );
+    assert_eq!(r.env_value("MAX_LOG_STREAMS"), Some("1024"));
+    assert_eq!(r.env_value("MAX_LOG_STREAMS_PER_USER"), Some("1024"));
+    // Every cap moves it: 12,288 more sessions x 32 KiB = 384 MiB more.
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxSessions=16384"]));
-    assert_eq!(memory_limit(&r), "576Mi");
+    assert_eq!(memory_limit(&r), "744Mi");
     assert_eq!(r.env_value("MAX_SESSIONS"), Some("16384"));
+    let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxLogStreams=2048"]));
+    assert_eq!(memory_limit(&r), "408Mi");
+    let r = Rendered::render(
+        &ValueSet::defaults().with(&["--set", "limits.maxUnauthenticatedConnections=2304"]),
+    );
+    assert_eq!(memory_limit(&r), "424Mi");
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "resources.limits.memory=1Gi"]));
     assert_eq!(memory_limit(&r), "1Gi", "a limit given is kept");
     // What relaylet reads from that env is what the chart says.

@@ -2,7 +2,9 @@
 //! TLS connections from other addresses never take the connections the root apiserver (a caller
 //! with a client certificate) needs on the kubelet port, and the unauthenticated metrics port has
 //! a small budget of its own and cuts clients that send nothing, so it can never hold the
-//! descriptors the kubelet port needs nor lock out the kubelet's probes.
+//! descriptors the kubelet port needs nor lock out the kubelet's probes. Connections whose
+//! caller is not known (no client certificate, no request authenticated yet) have a small
+//! budget of their own, total and per address, and a small request head.
 
 use relaylet_dev::testkit as support;
 
@@ -23,6 +25,14 @@ fn settings() -> Settings {
             ("MAX_CONNECTIONS".to_string(), "24".to_string()),
             ("MAX_CONNECTIONS_PER_CLIENT".to_string(), "16".to_string()),
             ("MAX_PENDING_HANDSHAKES".to_string(), "16".to_string()),
+            (
+                "MAX_UNAUTHENTICATED_CONNECTIONS".to_string(),
+                "12".to_string(),
+            ),
+            (
+                "MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT".to_string(),
+                "8".to_string(),
+            ),
         ]),
         ..Settings::default()
     }
@@ -158,44 +168,53 @@ fn idle_strangers_do_not_take_the_apiservers_connections() {
     });
 }
 
+/// Holds certificate-less connections from `from` until one is refused; the held ones (each
+/// answered 401: a stranger has no credentials) and the refusal's Status message.
+async fn strangers_until_refused(e: &Env, from: &str) -> (Vec<TlsStream<TcpStream>>, String) {
+    let mut held = Vec::new();
+    loop {
+        let mut tls = tls_from(e, from, None).await;
+        let (line, body) = answer(&mut tls, "/healthz").await;
+        if line == "HTTP/1.1 503 Service Unavailable" {
+            let (code, reason, message) = status_of(&body);
+            assert_eq!((code, reason.as_str()), (503, "ServiceUnavailable"));
+            return (held, message);
+        }
+        assert_eq!(line, "HTTP/1.1 401 Unauthorized", "{body}");
+        assert_eq!(
+            status_of(&body),
+            (
+                401,
+                "Unauthorized".to_string(),
+                "no credentials: present a client certificate signed by the root cluster's client CA or a bearer token".to_string()
+            )
+        );
+        held.push(tls);
+        assert!(held.len() <= 24, "strangers are never refused");
+    }
+}
+
 #[test]
-fn certificate_less_connections_keep_half_the_budget_free() {
+fn unauthenticated_connections_have_a_small_budget_of_their_own() {
     let _serial = serial();
     let e = env(settings);
     RT.block_on(async {
-        // A stranger completes TLS without a certificate on 20 connections and holds them.
-        let mut strangers = Vec::new();
-        let mut refused = 0;
-        for _ in 0..20 {
-            let mut tls = tls_from(e, "127.0.0.4", None).await;
-            // Served (a stranger has no credentials: 401), or refused for the cap (503).
-            let (line, body) = answer(&mut tls, "/healthz").await;
-            if line == "HTTP/1.1 503 Service Unavailable" {
-                assert_eq!(
-                    status_of(&body),
-                    (
-                        503,
-                        "ServiceUnavailable".to_string(),
-                        "relaylet is serving its maximum of 12 connections without a client certificate (half of MAX_CONNECTIONS); try again later".to_string()
-                    )
-                );
-                refused += 1;
-            } else {
-                assert_eq!(line, "HTTP/1.1 401 Unauthorized", "{body}");
-                assert_eq!(
-                    status_of(&body),
-                    (
-                        401,
-                        "Unauthorized".to_string(),
-                        "no credentials: present a client certificate signed by the root cluster's client CA or a bearer token".to_string()
-                    )
-                );
-                strangers.push(tls);
-            }
-        }
-        assert_eq!(strangers.len(), 12, "half of MAX_CONNECTIONS=24");
-        assert_eq!(refused, 8);
-        // The apiserver still gets 10 connections at once.
+        // A stranger completes TLS without a certificate and holds what it can: its address
+        // gets MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT, ...
+        let (first, refusal) = strangers_until_refused(e, "127.0.0.4").await;
+        assert_eq!(first.len(), 8);
+        assert_eq!(
+            refusal,
+            "127.0.0.4 holds its maximum of 8 connections whose caller is not authenticated yet (MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT)"
+        );
+        // ... and all strangers together MAX_UNAUTHENTICATED_CONNECTIONS.
+        let (second, refusal) = strangers_until_refused(e, "127.0.0.5").await;
+        assert_eq!(second.len(), 4);
+        assert_eq!(
+            refusal,
+            "relaylet holds its maximum of 12 connections whose caller is not authenticated yet (MAX_UNAUTHENTICATED_CONNECTIONS); present a client certificate, or try again later"
+        );
+        // The apiserver still gets its connections.
         let admin = e.kubelet_client_identity();
         let mut held = Vec::new();
         for i in 0..10 {
@@ -204,6 +223,24 @@ fn certificate_less_connections_keep_half_the_budget_free() {
             assert_eq!(answer, "HTTP/1.1 200 OK", "connection {i}");
             held.push(tls);
         }
+        // A stranger's head is small: a header past the unauthenticated limit is refused.
+        drop(first);
+        let mut tls = loop {
+            let mut tls = tls_from(e, "127.0.0.4", None).await;
+            let (line, _) = answer(&mut tls, "/healthz").await;
+            if line == "HTTP/1.1 401 Unauthorized" {
+                break tls;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let big = "x".repeat(20 * 1024);
+        tls.write_all(format!("GET /healthz HTTP/1.1\r\nHost: relaylet\r\nX-Big: {big}\r\n\r\n").as_bytes())
+            .await
+            .expect("send");
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(HANG, tls.read_to_end(&mut got)).await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 431"), "{got}");
     });
 }
 

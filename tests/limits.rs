@@ -17,6 +17,8 @@ fn settings() -> Settings {
         env: BTreeMap::from([
             ("MAX_CONNECTIONS_PER_CLIENT".to_string(), "6".to_string()),
             ("MAX_SESSIONS".to_string(), "2".to_string()),
+            ("MAX_LOG_STREAMS".to_string(), "3".to_string()),
+            ("MAX_LOG_STREAMS_PER_USER".to_string(), "2".to_string()),
         ]),
         ..Settings::default()
     }
@@ -93,8 +95,12 @@ fn ws_exec(command: &str) -> String {
     )
 }
 
+/// The tests count against shared caps (connections from one address): one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn caps_answer_503_and_relaylet_stays_up() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let e = env(settings);
     RT.block_on(async {
         // Connections from one client address.
@@ -133,4 +139,80 @@ fn caps_answer_503_and_relaylet_stays_up() {
         drop(sessions.pop());
         until_answered(e, &ws_exec("true"), "HTTP/1.1 101").await;
     });
+}
+
+/// `containerLogs` streams are capped like exec sessions, total and per user: a user with only
+/// `pods/log` cannot hold thousands of `logs -f` streams (each a caller and a leaf connection).
+#[test]
+fn log_streams_are_capped_in_total_and_per_user() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let e = env(settings);
+    const FOLLOW: &str =
+        "GET /containerLogs/default/demo-1/main?follow=true HTTP/1.1\r\nHost: relaylet\r\n\r\n";
+    RT.block_on(async {
+        let before = log_stream_refusals(e).await;
+        // The apiserver's identity holds its two followed logs ...
+        let mut follows = Vec::new();
+        for _ in 0..2 {
+            let mut tls = connect(e).await;
+            let answer = send(&mut tls, FOLLOW).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            follows.push(tls);
+        }
+        let mut third = connect(e).await;
+        let answer = send(&mut third, FOLLOW).await;
+        assert_503_text(
+            &answer,
+            &format!(
+                "user {:?} has its maximum of 2 open log streams (MAX_LOG_STREAMS_PER_USER); try again later",
+                relaylet_sim::cluster::APISERVER_KUBELET_CLIENT
+            ),
+        );
+        // ... another user one more, and then the total is reached.
+        let other = e
+            .sandbox
+            .root
+            .ca
+            .issue_client("log-reader", &["system:masters"])
+            .expect("certificate");
+        let other_connect = || async {
+            e.connect_kubelet_api(Some(&other)).await.expect("connect")
+        };
+        let mut fourth = other_connect().await;
+        let answer = send(&mut fourth, FOLLOW).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let mut fifth = other_connect().await;
+        let answer = send(&mut fifth, FOLLOW).await;
+        assert_503_text(
+            &answer,
+            "relaylet is streaming its maximum of 3 logs (MAX_LOG_STREAMS); try again later",
+        );
+        let after = log_stream_refusals(e).await;
+        assert_eq!(after - before, 2.0);
+        // A stream that ends gives its place back.
+        drop(follows.pop());
+        until_answered(e, FOLLOW, "HTTP/1.1 200").await;
+    });
+}
+
+/// relaylet's count of log streams refused at a cap.
+async fn log_stream_refusals(e: &support::Env) -> f64 {
+    let got = support::metrics::http_get(e.sandbox.relaylet.metrics_addr, "/metrics").await;
+    let scrape = support::metrics::parse(&got.body);
+    support::metrics::count(
+        &scrape,
+        "relaylet_limit_refusals_total",
+        &[("cap", "log_streams")],
+    )
+}
+
+/// Asserts that `answer` is a 503 whose body is `message` in the kubelet's plain text (how
+/// `containerLogs` refusals are written, see `status::as_kubelet_text`).
+#[track_caller]
+fn assert_503_text(answer: &str, message: &str) {
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains(message), "{answer}");
 }

@@ -27,6 +27,8 @@ fn world() -> &'static World {
             replicas: 1,
             leaves: &["leaf-1", "leaf-2"],
             env: &[],
+            // The node proxy tests need an address the apiserver proxies to (not loopback).
+            routable_replicas: true,
             ..Setup::default()
         });
         w.sync_pod("leaf-1", "default", "demo");
@@ -246,6 +248,132 @@ fn get_nodes_proxy_is_not_enough_to_exec_on_relaylets_port() {
             .unwrap();
         let body = client.request_text(logs).await.expect("logs");
         assert!(body.starts_with("tick "), "{body}");
+    });
+}
+
+/// A user who may `get nodes/proxy` on virtual node relaylet-leaf-1 only.
+const NODE_1_PROXY_READER: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: node-1-proxy-reader
+rules:
+  - apiGroups: [""]
+    resources: ["nodes/proxy"]
+    resourceNames: ["relaylet-leaf-1"]
+    verbs: ["get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: node-1-proxy-reader
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: node-1-proxy-reader
+subjects:
+  - apiGroup: rbac.authorization.k8s.io
+    kind: User
+    name: node-1-proxy-user
+"#;
+
+/// The root apiserver's node proxy (`/api/v1/nodes/<node>/proxy/...`) authorizes its user for
+/// that one node, then calls the port that Node names with the apiserver's own kubelet client
+/// certificate. A virtual node's port serves only that node's pods, so a user scoped to
+/// relaylet-leaf-1 reaches nothing of relaylet-leaf-2 through it: not its pods' logs, not an
+/// exec, not by naming relaylet-leaf-2's port explicitly. Through the real root apiserver, with
+/// relaylet on a routable address (the node proxy refuses loopback).
+#[test]
+fn the_node_proxy_reaches_only_the_nodes_own_pods() {
+    let w = world();
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(NODE_1_PROXY_READER));
+    let user = w.root.user_kubeconfig("node-1-proxy-user", &[]);
+    let raw = |path: &str| {
+        let out =
+            std::process::Command::new(relaylet_dev::testkit::realk8s::harness::kubectl_path())
+                .args(["get", "--raw", path])
+                .env("KUBECONFIG", &user)
+                .output()
+                .expect("kubectl runs");
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let proxy = "/api/v1/nodes/relaylet-leaf-1/proxy";
+
+    // The node's own pod: its logs, through the proxy.
+    let (ok, out, err) = raw(&format!(
+        "{proxy}/containerLogs/default/demo/main?tailLines=1"
+    ));
+    assert!(ok && out.starts_with("tick "), "{out}{err}");
+
+    // relaylet-leaf-2's pod through relaylet-leaf-1's proxy: a kubelet's 404, the same as for a
+    // pod that exists nowhere.
+    for pod in ["other", "no-such-pod"] {
+        let (ok, out, err) = raw(&format!(
+            "{proxy}/containerLogs/default/{pod}/main?tailLines=1"
+        ));
+        assert!(!ok && !out.contains("tick"), "{pod}: {out}{err}");
+        assert!(err.contains("NotFound"), "{pod}: {err}");
+    }
+    // Asked of relaylet-leaf-2 itself, the apiserver forbids it.
+    let (ok, _, err) = raw("/api/v1/nodes/relaylet-leaf-2/proxy/containerLogs/default/other/main");
+    assert!(!ok && err.contains("Forbidden"), "{err}");
+    // Naming relaylet-leaf-2's port (or the shared port) on relaylet-leaf-1: the apiserver
+    // dials it without its kubelet client certificate (its general proxy transport), and
+    // relaylet serves no caller it cannot authenticate.
+    let port2 = w.root.kubectl_ok(&[
+        "get",
+        "node",
+        "relaylet-leaf-2",
+        "-o",
+        "jsonpath={.status.daemonEndpoints.kubeletEndpoint.Port}",
+    ]);
+    let shared = w.kubelet_addr(0).port().to_string();
+    for port in [port2.trim(), shared.as_str()] {
+        let (ok, out, err) = raw(&format!(
+            "/api/v1/nodes/https:relaylet-leaf-1:{port}/proxy/containerLogs/default/other/main"
+        ));
+        assert!(!ok && !out.contains("tick"), "port {port}: {out}{err}");
+        assert!(err.contains("Unauthorized"), "port {port}: {err}");
+    }
+
+    // An exec over WebSocket is a GET: through the node proxy a `get nodes/proxy` user runs a
+    // command in the node's own pods (relaylet, like a kubelet, sees only the apiserver), but
+    // never in another node's.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let yaml = std::fs::read_to_string(&user).expect("kubeconfig");
+        let client = relaylet_dev::sandbox::kube_client(&yaml)
+            .await
+            .expect("client");
+        let exec = |pod: &str| {
+            http::Request::get(format!(
+                "{proxy}/exec/default/{pod}/main?command=echo&command=ran&output=1&error=1"
+            ))
+            .body(Vec::new())
+            .expect("request")
+        };
+        let mut own = client
+            .connect(exec("demo"))
+            .await
+            .expect("exec in the node's own pod through its proxy")
+            .into_stream();
+        // Channel 1 is stdout (kube-rs asks for a binary channel protocol).
+        let mut stdout = Vec::new();
+        while let Some(Ok(message)) = futures::StreamExt::next(&mut own).await {
+            if let tokio_tungstenite::tungstenite::Message::Binary(data) = message
+                && data.first() == Some(&1)
+            {
+                stdout.extend_from_slice(&data[1..]);
+            }
+        }
+        let stdout = text(&stdout);
+        assert!(stdout.contains("ran"), "{stdout}");
+        let other = client.connect(exec("other")).await;
+        match other {
+            Err(err) => assert!(err.to_string().contains("404"), "{err}"),
+            Ok(_) => panic!("exec into relaylet-leaf-2's pod through relaylet-leaf-1's proxy"),
+        }
     });
 }
 

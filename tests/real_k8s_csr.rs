@@ -436,7 +436,7 @@ fn the_approver_renewal_and_failover_in_csr_mode() {
 
     // Failover: the standby has its own certificate before it may lead.
     assert_eq!(readyz(&w, standby).status, 200);
-    let standby_ip = World::replica_ip(standby).to_string();
+    let standby_ip = w.replica_ip(standby).to_string();
     w.stop_replica(leader);
     let mut failures = Vec::new();
     let mut moved_and_worked = 0;

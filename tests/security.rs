@@ -762,3 +762,185 @@ fn node_paths_are_authorized_fine_grained_with_the_proxy_fallback() {
         assert_eq!(code, 200, "{body}");
     });
 }
+
+/// A certificate with two CNs is refused: Go's x509 (the root apiserver) reads the last as the
+/// user, another parser the first, and two readers must never see two users. Here the first
+/// CN has rights and the last has none.
+#[test]
+fn a_certificate_with_two_common_names_is_refused() {
+    let e = env(settings);
+    let two = e
+        .sandbox
+        .root
+        .ca
+        .issue_client_with_names(&["operator", "nobody"], &[])
+        .unwrap();
+    RT.block_on(async {
+        let mut tls = connect(e, Some(&two)).await.unwrap();
+        let (code, body) = request(
+            &mut tls,
+            &get("/containerLogs/default/demo-1/main?tailLines=1", ""),
+        )
+        .await;
+        assert_eq!(code, 401, "{body}");
+        assert!(
+            body.contains("more than one common name (CN): which one is the user is ambiguous"),
+            "{body}"
+        );
+    });
+}
+
+/// A bearer token the root cluster refused is remembered (one TokenReview, however often it is
+/// sent), and new tokens have a budget of reviews: a flood of made-up tokens gets 429s instead
+/// of a flood of TokenReviews at the root apiserver.
+#[test]
+fn made_up_tokens_cost_the_root_apiserver_few_reviews() {
+    let e = env(settings);
+    let reviews = || {
+        e.sandbox
+            .root
+            .api
+            .requests("POST", "/apis/authentication.k8s.io/v1/tokenreviews")
+    };
+    RT.block_on(async {
+        let before = reviews();
+        for _ in 0..5 {
+            let mut tls = connect(e, None).await.unwrap();
+            let (code, body) = request(
+                &mut tls,
+                &get("/healthz", "Authorization: Bearer made-up-once\r\n"),
+            )
+            .await;
+            assert_eq!(code, 401, "{body}");
+        }
+        assert_eq!(reviews() - before, 1, "a refused token is reviewed once");
+
+        let before = reviews();
+        let tasks: Vec<_> = (0..10)
+            .map(|task| {
+                tokio::spawn(async move {
+                    let mut codes = Vec::new();
+                    for i in 0..30 {
+                        let mut tls = connect(e, None).await.unwrap();
+                        let token = format!("made-up-{task}-{i}");
+                        let (code, body) = request(
+                            &mut tls,
+                            &get("/healthz", &format!("Authorization: Bearer {token}\r\n")),
+                        )
+                        .await;
+                        if code == 429 {
+                            assert_status(
+                                &body,
+                                429,
+                                "TooManyRequests",
+                                "too many new bearer tokens to review (more than 20 a second); try again later",
+                            );
+                        } else {
+                            assert_eq!(code, 401, "{body}");
+                        }
+                        codes.push(code);
+                    }
+                    codes
+                })
+            })
+            .collect();
+        let mut throttled = 0;
+        for task in tasks {
+            throttled += task.await.unwrap().iter().filter(|c| **c == 429).count() as u64;
+        }
+        assert!(throttled > 0, "300 new tokens at once were all reviewed");
+        assert_eq!(
+            reviews() - before + throttled,
+            300,
+            "every token not throttled cost exactly one review"
+        );
+    });
+}
+
+/// The node-level paths of the shared port say nothing before authorization, not even how many
+/// virtual nodes there are.
+#[test]
+fn node_paths_on_the_shared_port_say_nothing_before_authorization() {
+    let e = env(settings);
+    let nobody = e
+        .sandbox
+        .root
+        .ca
+        .issue_client("nobody", &["outsiders"])
+        .unwrap();
+    RT.block_on(async {
+        // (`/metrics` is not among them: every authenticated user may read it here.)
+        for path in ["/pods", "/stats/summary", "/healthz"] {
+            let mut tls = connect(e, Some(&nobody)).await.unwrap();
+            let (code, body) = request(&mut tls, &get(path, "")).await;
+            assert_eq!(code, 403, "{path}: {body}");
+            assert!(!body.contains("virtual nodes"), "{path}: {body}");
+        }
+    });
+}
+
+/// On a virtual node's own port only that node's pods exist, as on a kubelet: a pod of the
+/// other virtual node gets the same 404 as a pod that does not exist, even for the root
+/// apiserver's own identity (which is what its node proxy calls with). And looking up pods the
+/// node does not run costs the root apiserver nothing.
+#[test]
+fn a_nodes_port_serves_only_its_own_pods_and_unknown_pods_cost_nothing() {
+    let e = env(settings);
+    let admin = e.kubelet_client_identity();
+    RT.block_on(async {
+        let logs = |pod: &str| {
+            get(
+                &format!("/containerLogs/default/{pod}/main?tailLines=1"),
+                "",
+            )
+        };
+        let mut tls = connect_node(e, "relaylet-leaf-1", Some(&admin))
+            .await
+            .unwrap();
+        let (code, body) = request(&mut tls, &logs("demo-1")).await;
+        assert_eq!(code, 200, "its own pod: {body}");
+
+        let gets = || {
+            e.sandbox
+                .root
+                .api
+                .requests("GET", "/api/v1/namespaces/default/pods/")
+        };
+        let before = gets();
+        let asks: Vec<_> = ["demo-2", "ghost-1", "ghost-2", "ghost-3"]
+            .into_iter()
+            .map(|pod| {
+                let admin = admin.clone();
+                tokio::spawn(async move {
+                    let mut tls = connect_node(e, "relaylet-leaf-1", Some(&admin))
+                        .await
+                        .unwrap();
+                    let (code, body) = request(&mut tls, &logs(pod)).await;
+                    (pod, code, body)
+                })
+            })
+            .collect();
+        for ask in asks {
+            let (pod, code, body) = ask.await.unwrap();
+            assert_eq!(code, 404, "{pod}: {body}");
+            // containerLogs refusals are the kubelet's plain text.
+            assert!(
+                body.contains(&format!(
+                    "pod default/{pod} does not exist on node relaylet-leaf-1"
+                )),
+                "{pod}: {body}"
+            );
+        }
+        assert_eq!(
+            gets() - before,
+            0,
+            "no pod was fetched from the root apiserver"
+        );
+        // The other node's port serves it.
+        let mut tls = connect_node(e, "relaylet-leaf-2", Some(&admin))
+            .await
+            .unwrap();
+        let (code, body) = request(&mut tls, &logs("demo-2")).await;
+        assert_eq!(code, 200, "{body}");
+    });
+}

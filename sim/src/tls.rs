@@ -88,8 +88,29 @@ impl Ca {
     /// A client certificate for Kubernetes user `user` in `groups` (CN and O, as
     /// kube-apiserver's x509 authenticator reads them).
     pub fn issue_client(&self, user: &str, groups: &[&str]) -> Result<Identity, TlsError> {
+        self.issue_client_with_names(&[user], groups)
+    }
+
+    /// A client certificate whose subject carries every one of `common_names` as a CN (at most
+    /// two): what a hostile CSR may ask for. Go's x509 reads the last CN as the user.
+    pub fn issue_client_with_names(
+        &self,
+        common_names: &[&str],
+        groups: &[&str],
+    ) -> Result<Identity, TlsError> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name.push(DnType::CommonName, user);
+        // As for groups below: a second CN goes in under its OID (2.5.4.3) as a custom type.
+        let name_types = [DnType::CommonName, DnType::CustomDnType(vec![2, 5, 4, 3])];
+        if common_names.is_empty() || common_names.len() > name_types.len() {
+            return Err(TlsError::Parse(format!(
+                "1 to {} common names per client certificate, got {}",
+                name_types.len(),
+                common_names.len()
+            )));
+        }
+        for (ty, name) in name_types.into_iter().zip(common_names) {
+            params.distinguished_name.push(ty, *name);
+        }
         // rcgen keeps one value per attribute type, so a second group goes in under the same
         // OID (2.5.4.10) spelled as a custom type: the certificate then carries two O values.
         let group_types = [
@@ -228,9 +249,11 @@ pub fn cert_user(der: &[u8]) -> Result<CertUser, TlsError> {
     let (_, cert) =
         x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::Parse(e.to_string()))?;
     let subject = cert.subject();
+    // Go's pkix.Name keeps the last CN of the subject, and kube-apiserver's x509 authenticator
+    // reads that one.
     let name = subject
         .iter_common_name()
-        .next()
+        .last()
         .and_then(|cn| cn.as_str().ok())
         .ok_or_else(|| TlsError::Parse("client certificate has no common name".into()))?
         .to_string();

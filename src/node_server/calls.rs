@@ -36,16 +36,33 @@ pub(super) async fn call(
     served(&kreq, &req)?;
 
     // Authorize before saying anything about the pod (whether it exists, its UID, its node),
-    // like the kubelet: against the pod's node when it is on one, else against every node.
-    let route = server.pods.route(&kreq.namespace, &kreq.pod).await;
-    let access_node = match &route {
-        Ok(route) => route.node_name.as_str(),
-        Err(_) => server.node.as_deref().unwrap_or(""),
+    // like the kubelet. A node's own port is that node's kubelet: the caller is authorized for
+    // that node, and only that node's pods exist there. The root apiserver's node proxy
+    // (`nodes/A/proxy/...`) authorizes its user for node A alone and then calls A's port with
+    // its own identity, so a pod of node B must not be reachable through A's port. The shared
+    // port, which no Node names, authorizes against the pod's own node (every node when the
+    // pod is on none).
+    let route = match &server.node {
+        Some(own) => {
+            let access = Access::for_call(kreq.kind, req.method(), own);
+            server.authorize(&caller, &access).await?;
+            // Not on this node, or on none: the same answer either way, as a kubelet gives for
+            // a pod it does not run, so nothing says where (or whether) the pod is.
+            server
+                .pods
+                .route_on_node(&kreq.namespace, &kreq.pod, own)
+                .await
+                .map_err(|err| server.route_refusal(err))?
+                .ok_or_else(|| not_on_node(&kreq, own))?
+        }
+        None => {
+            let route = server.pods.route(&kreq.namespace, &kreq.pod).await;
+            let access_node = route.as_ref().map_or("", |r| r.node_name.as_str());
+            let access = Access::for_call(kreq.kind, req.method(), access_node);
+            server.authorize(&caller, &access).await?;
+            route.map_err(|err| server.route_refusal(err))?
+        }
     };
-    let access = Access::for_call(kreq.kind, req.method(), access_node);
-    server.authorize(&caller, &access).await?;
-
-    let route = route.map_err(|err| server.route_refusal(err))?;
     if let (Some(asked), Some(actual)) = (&kreq.uid, &route.uid)
         && asked != actual
     {
@@ -91,15 +108,13 @@ pub(super) async fn call(
             Refusal::new(err.status(), err.to_string())
         })?;
 
-    let permit = if kreq.kind.is_streaming() {
-        let permit = server.gate.session(&caller.user).map_err(|err| {
-            tracing::warn!(user = %caller.user, %err, "session refused");
-            Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
-        })?;
-        Some(permit)
-    } else {
-        None
-    };
+    // Every stream, log streams as much as sessions, holds a caller connection and a leaf
+    // connection for as long as it runs: each counts against its caps.
+    let permit = server.gate.stream(kreq.kind, &caller.user).map_err(|err| {
+        tracing::warn!(user = %caller.user, verb = %kreq.kind, %err, "stream refused");
+        server.metrics.limit_refusal(err.cap());
+        Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+    })?;
     let path = kreq.leaf_path(&target.namespace, &target.name);
     let info = SessionInfo {
         kind: kreq.kind,
@@ -116,11 +131,23 @@ pub(super) async fn call(
     Ok(async move {
         server
             .relay
-            .forward(req.map(Body::new), info, leaf, path, permit)
+            .forward(req.map(Body::new), info, leaf, path, Some(permit))
             .await
     }
     .instrument(span)
     .await)
+}
+
+/// The 404 of a node's own port for a pod that is not on the node: the same whether the pod is
+/// on another node or nowhere.
+fn not_on_node(kreq: &KubeletRequest, node: &str) -> Refusal {
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "pod {}/{} does not exist on node {node}",
+            kreq.namespace, kreq.pod
+        ),
+    )
 }
 
 /// A 405 for a method the kubelet does not serve on this call, and a 400 for an upgrade that
@@ -172,7 +199,7 @@ impl NodeServer {
             err @ (RouteError::NotFound { .. } | RouteError::NotOnVirtualNode { .. }) => {
                 Refusal::new(StatusCode::NOT_FOUND, err.to_string())
             }
-            err @ RouteError::Root { .. } => {
+            err @ (RouteError::Root { .. } | RouteError::Busy { .. }) => {
                 Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
             }
         }

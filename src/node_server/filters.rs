@@ -12,6 +12,7 @@ use rustls::pki_types::CertificateDer;
 use super::NodeServer;
 use crate::auth::{Access, AuthError, Caller};
 use crate::config::AuthMode;
+use crate::limits::Unauthenticated;
 use crate::status::{self, Refusal};
 
 /// The client certificate the caller presented in the TLS handshake (its leaf certificate),
@@ -41,6 +42,10 @@ pub(super) async fn authenticate(
     };
     if server.auth.mode() == AuthMode::None {
         tracing::warn!(user = %caller.user, path = %req.uri().path(), "AUTH_MODE=none: serving an unauthenticated caller");
+    }
+    // The caller is known now: its connection leaves the budget of unauthenticated ones.
+    if let Some(slot) = req.extensions().get::<Unauthenticated>() {
+        slot.authenticated();
     }
     req.extensions_mut().insert(caller);
     next.run(req).await
@@ -78,8 +83,8 @@ impl NodeServer {
     /// A refused caller, counted in the auth metrics.
     fn auth_refusal(&self, err: AuthError) -> Refusal {
         self.metrics.auth_decision(match err {
-            AuthError::Forbidden { .. } => "denied",
-            AuthError::Unavailable(_) => "error",
+            AuthError::Forbidden { .. } | AuthError::NotAllowed { .. } => "denied",
+            AuthError::Unavailable(_) | AuthError::Throttled => "error",
             _ => "unauthenticated",
         });
         Refusal::new(err.status(), err.to_string())

@@ -31,7 +31,7 @@ use tower::ServiceExt;
 use crate::auth::Authenticator;
 use crate::counterpart::LeafPodMatch;
 use crate::leaf::Registry;
-use crate::limits::Gate;
+use crate::limits::{Gate, Unauthenticated};
 use crate::listener;
 use crate::metrics::Metrics;
 use crate::pod_index::PodIndex;
@@ -50,11 +50,16 @@ const MAX_HEAD_BYTES: usize = 128 * 1024;
 const MAX_HEADERS: usize = 100;
 /// Most bytes all header lines together may have.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The request head limit of a connection without a client certificate, whose caller is not
+/// known until a request authenticates (a bearer token): small, so that the connections
+/// strangers may hold (`MAX_UNAUTHENTICATED_CONNECTIONS`) hold little memory. A long token and
+/// an exec's command line fit; hyper needs at least 8 KiB.
+pub const UNAUTHENTICATED_HEAD_BYTES: usize = 16 * 1024;
 
 /// Everything a request handler needs.
 pub struct NodeServer {
     pub gate: Arc<Gate>,
-    pub auth: Authenticator,
+    pub auth: Arc<Authenticator>,
     pub registry: Registry,
     pub pods: PodIndex,
     pub relay: Relay,
@@ -102,7 +107,7 @@ pub async fn serve(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let gate = server.gate.clone();
-    let app = server.router();
+    let app = server.clone().router();
     loop {
         let Some((tcp, peer)) = listener::next(&listener, &stop, "kubelet").await else {
             return;
@@ -114,6 +119,7 @@ pub async fn serve(
             Ok(permit) => permit,
             Err(err) => {
                 tracing::debug!(%peer, %err, "connection closed before TLS");
+                server.metrics.limit_refusal(err.cap());
                 continue;
             }
         };
@@ -121,6 +127,7 @@ pub async fn serve(
         let stop = stop.clone();
         let gate = gate.clone();
         let app = app.clone();
+        let metrics = server.metrics.clone();
         tokio::spawn(async move {
             let tcp = ReadAhead::new(tcp);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -144,31 +151,67 @@ pub async fn serve(
             );
             // Over a cap, the connection is still answered (a 503 Status, then closed), so the
             // caller learns why; the permit-holding connections are not disturbed.
-            let (_permit, app) = match gate.tls_connection(peer.ip(), cert.0.is_some()) {
+            let certified = cert.0.is_some();
+            let (permit, app) = match gate.tls_connection(peer.ip(), certified) {
                 Ok(permit) => (Some(permit), app),
                 Err(err) => {
                     tracing::warn!(%peer, %err, "connection refused");
+                    metrics.limit_refusal(err.cap());
                     (None, refusal(err.to_string()))
                 }
             };
-            serve_connection(tls, cert, peer, app, stop).await;
+            let unauthenticated = permit
+                .as_ref()
+                .map(|p| p.unauthenticated.clone())
+                .unwrap_or_default();
+            let head = if certified {
+                MAX_HEAD_BYTES
+            } else {
+                UNAUTHENTICATED_HEAD_BYTES
+            };
+            let conn = Conn {
+                cert,
+                peer,
+                unauthenticated,
+                head,
+            };
+            serve_connection(tls, conn, app, stop).await;
+            drop(permit);
         });
     }
 }
 
-async fn serve_connection(
-    tls: crate::splice::CallerStream,
+/// What a connection knows of its caller, handed to each of its requests.
+struct Conn {
     cert: PeerCert,
     peer: SocketAddr,
+    /// Its place in the unauthenticated budget, given back when a request authenticates.
+    unauthenticated: Unauthenticated,
+    /// Its request head limit: [`MAX_HEAD_BYTES`], or [`UNAUTHENTICATED_HEAD_BYTES`] without a
+    /// client certificate.
+    head: usize,
+}
+
+async fn serve_connection(
+    tls: crate::splice::CallerStream,
+    conn: Conn,
     app: Router,
     stop: CancellationToken,
 ) {
+    let Conn {
+        cert,
+        peer,
+        unauthenticated,
+        head,
+    } = conn;
+    let header_bytes = MAX_HEADER_BYTES.min(head);
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(cert.clone());
         req.extensions_mut().insert(peer);
+        req.extensions_mut().insert(unauthenticated.clone());
         let app = app.clone();
         async move {
-            match oversized_head(req.headers()) {
+            match oversized_head(req.headers(), header_bytes) {
                 Some(refusal) => Ok(refusal),
                 None => app.oneshot(req).await,
             }
@@ -178,7 +221,7 @@ async fn serve_connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEAD_BYTES)
+        .max_buf_size(head)
         .max_headers(MAX_HEADERS);
     let conn = builder
         .serve_connection(crate::splice::ServedIo::new(tls), service)
@@ -198,18 +241,18 @@ async fn serve_connection(
     }
 }
 
-/// A 431 for requests whose header lines add up to more than [`MAX_HEADER_BYTES`]. hyper's
-/// buffer cap stops most oversized heads, but how much it reads at once depends on timing; this
-/// makes the limit exact for every route.
-fn oversized_head(headers: &http::HeaderMap) -> Option<Response> {
+/// A 431 for requests whose header lines add up to more than `limit` bytes. hyper's buffer cap
+/// stops most oversized heads, but how much it reads at once depends on timing; this makes the
+/// limit exact for every route.
+fn oversized_head(headers: &http::HeaderMap, limit: usize) -> Option<Response> {
     let bytes: usize = headers
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
-    (bytes > MAX_HEADER_BYTES).then(|| {
+    (bytes > limit).then(|| {
         status::response(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            format!("request headers are {bytes} bytes; at most {MAX_HEADER_BYTES} allowed"),
+            format!("request headers are {bytes} bytes; at most {limit} allowed"),
         )
     })
 }

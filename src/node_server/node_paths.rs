@@ -19,7 +19,8 @@ impl NodeServer {
     /// The virtual node a node-level path (`/metrics`, `/stats/summary`, `/pods`) is about: the
     /// node of this listener, or on the shared port the only virtual node there is. With several,
     /// the shared port cannot tell which node a scraper means (they share relaylet's address), so
-    /// it answers 404 naming the nodes' own ports.
+    /// it answers 404 naming the nodes' own ports. Asked only once the caller is authorized: how
+    /// many nodes there are is not told to strangers.
     fn node_for_path(&self) -> Result<String, Refusal> {
         if let Some(node) = &self.node {
             return Ok(node.clone());
@@ -41,14 +42,21 @@ impl NodeServer {
             )),
         }
     }
+
+    /// The node a node-level path is authorized against: this listener's node, or on the shared
+    /// port every node (an empty name), whatever the registry holds, so the answer to a caller
+    /// without rights does not depend on how many nodes there are.
+    fn node_to_authorize(&self) -> &str {
+        self.node.as_deref().unwrap_or("")
+    }
 }
 
 /// The virtual node a node-level path is about (see `node_for_path`), once the caller is
-/// authorized for the path on it like a 1.36 kubelet does it (`Access::for_path`).
+/// authorized for the path (`Access::for_path`, as a 1.36 kubelet does it).
 pub(super) struct AuthorizedNode(String);
 
 /// For `/healthz`, which is the same for every node: a shared port serving several nodes
-/// authorizes against all of them instead of answering 404.
+/// answers it too instead of 404.
 pub(super) struct AuthorizedAnyNode;
 
 impl FromRequestParts<Arc<NodeServer>> for AuthorizedNode {
@@ -58,9 +66,8 @@ impl FromRequestParts<Arc<NodeServer>> for AuthorizedNode {
         parts: &mut Parts,
         server: &Arc<NodeServer>,
     ) -> Result<Self, Refusal> {
-        let node = server.node_for_path()?;
-        authorize_path(parts, server, &node).await?;
-        Ok(AuthorizedNode(node))
+        authorize_path(parts, server, server.node_to_authorize()).await?;
+        Ok(AuthorizedNode(server.node_for_path()?))
     }
 }
 
@@ -71,8 +78,7 @@ impl FromRequestParts<Arc<NodeServer>> for AuthorizedAnyNode {
         parts: &mut Parts,
         server: &Arc<NodeServer>,
     ) -> Result<Self, Refusal> {
-        let node = server.node_for_path().unwrap_or_default();
-        authorize_path(parts, server, &node).await?;
+        authorize_path(parts, server, server.node_to_authorize()).await?;
         Ok(AuthorizedAnyNode)
     }
 }

@@ -102,6 +102,10 @@ impl Controller {
                     }
                     state.node_uid = None;
                 }
+                Err(err @ SyncError::NoPort { .. }) => {
+                    // node_ports says why, once; this retries every round until it is bound.
+                    tracing::debug!(leaf = %leaf.name, %err, "virtual node not written yet");
+                }
                 Err(err) => {
                     tracing::warn!(leaf = %leaf.name, node = %leaf.node_name, %err, "updating virtual node");
                     state.node_uid = None;
@@ -117,6 +121,15 @@ impl Controller {
         state: &mut LeafLoop,
         tick: Instant,
     ) -> Result<(), SyncError> {
+        // The Node names this node's own kubelet port, never the shared one: the root
+        // apiserver's node proxy calls whatever port a Node names with its own identity, and
+        // the shared port serves every node's pods. Until the port is bound (moments after the
+        // leaf registers), the Node is not written.
+        let Some(own_port) = self.node_ports.addr_of(&leaf.node_name).map(|a| a.port()) else {
+            return Err(SyncError::NoPort {
+                node: leaf.node_name.clone(),
+            });
+        };
         let nodes: Api<Node> = Api::all(self.root.clone());
         let leaf_nodes = watch.node_list();
         let own_pods = self.pods.leaf_pods_on(&leaf.node_name, &leaf.namespaces);
@@ -157,14 +170,9 @@ impl Controller {
             )),
             daemon_endpoints: Some(NodeDaemonEndpoints {
                 kubelet_endpoint: Some(DaemonEndpoint {
-                    // The node's own listener, so node-level calls (metrics, stats) can tell
-                    // virtual nodes apart; the shared port until it is bound.
-                    port: i32::from(
-                        self.node_ports
-                            .addr_of(&leaf.node_name)
-                            .map(|a| a.port())
-                            .unwrap_or(self.node_server_port),
-                    ),
+                    // The node's own listener: node-level calls (metrics, stats) can tell
+                    // virtual nodes apart, and its pod calls reach only its pods.
+                    port: i32::from(own_port),
                 }),
             }),
             node_info: Some(info),

@@ -60,8 +60,6 @@ pub struct Controller {
     pub leadership: Leadership,
     /// Each virtual node's own kubelet port on this replica (written into the Node).
     pub node_ports: NodePorts,
-    /// The shared kubelet port as bound (`NODE_SERVER_PORT`, or the free port taken for 0).
-    pub node_server_port: u16,
     pub metrics: Metrics,
     /// Readiness hears each leaf probe made here (the one probe of a leaf's health).
     pub health: Arc<crate::health::Health>,
@@ -91,6 +89,8 @@ enum SyncError {
         "node {node} already exists and belongs to {owner}: not touching it (give this leaf another node name with its Secret's relaylet.io/node-name annotation, or remove the other install's leaf)"
     )]
     NotOurs { node: String, owner: String },
+    #[error("node {node} has no kubelet port of its own yet (see the node listener's log)")]
+    NoPort { node: String },
 }
 
 impl Controller {

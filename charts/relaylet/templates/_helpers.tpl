@@ -64,15 +64,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-The container's resources: the values', with a memory limit made from limits.maxSessions when
-none is given (64 MiB plus 32 KiB per session), so the session cap is reached before the OOM
-killer.
+The container's resources: the values', with a memory limit derived from every cap in
+limits when none is given, so the caps are reached before the OOM killer: 64 MiB, plus in KiB
+16 per connection, 16 per pending handshake, 32 more per unauthenticated connection, 32 more
+per session and 48 more per log stream (values.yaml says why).
 */}}
+{{- define "relaylet.memoryLimitMiB" -}}
+{{- $l := .Values.limits -}}
+{{- $kib := add (mul (int $l.maxConnections) 16) (mul (int $l.maxPendingHandshakes) 16) (mul (int $l.maxUnauthenticatedConnections) 32) (mul (int $l.maxSessions) 32) (mul (int $l.maxLogStreams) 48) -}}
+{{- add 64 (div (add $kib 1023) 1024) -}}
+{{- end -}}
+
 {{- define "relaylet.resources" -}}
 {{- $res := deepCopy .Values.resources -}}
 {{- $limits := default (dict) $res.limits -}}
 {{- if not (hasKey $limits "memory") -}}
-{{- $_ := set $limits "memory" (printf "%dMi" (add 64 (div (mul (int .Values.limits.maxSessions) 32) 1024))) -}}
+{{- $_ := set $limits "memory" (printf "%sMi" (include "relaylet.memoryLimitMiB" .)) -}}
 {{- end -}}
 {{- $_ := set $res "limits" $limits -}}
 {{- toYaml $res -}}

@@ -57,21 +57,43 @@ pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
     })
 }
 
+/// Cleanups to run when the test process exits (see [`remove_at_exit`] for why at exit).
+type Cleanup = Box<dyn FnOnce() + Send>;
+static CLEANUPS: std::sync::Mutex<Vec<Cleanup>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `cleanup` when the test process exits normally.
+pub(crate) fn run_at_exit(cleanup: Cleanup) {
+    CLEANUPS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(cleanup);
+    // Registered through the same atexit hook as the directories.
+    remove_at_exit_hook();
+}
+
 /// Directories to remove when the test process exits: the binary's sandbox lives in a static,
 /// which is never dropped, so its temporary directories would otherwise stay behind.
 static AT_EXIT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
 pub(crate) fn remove_at_exit(dir: PathBuf) {
+    AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()).push(dir);
+    remove_at_exit_hook();
+}
+
+fn remove_at_exit_hook() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     extern "C" fn remove_all() {
+        let cleanups = std::mem::take(&mut *CLEANUPS.lock().unwrap_or_else(|e| e.into_inner()));
+        for cleanup in cleanups {
+            cleanup();
+        }
         let dirs = std::mem::take(&mut *AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()));
         for dir in dirs {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
-    AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()).push(dir);
-    // SAFETY: `remove_all` is a plain function that only takes a lock and removes files; it is
-    // registered once and runs at normal process exit.
+    // SAFETY: `remove_all` is a plain function that only takes locks, runs the registered
+    // cleanups and removes files; it is registered once and runs at normal process exit.
     REGISTERED.call_once(|| unsafe {
         libc::atexit(remove_all);
     });

@@ -34,12 +34,37 @@ pub struct App {
     pub kubelet: Option<crate::kubelet_proxy::KubeletClient>,
     /// `host:port` advertised in `/api`.
     pub server_address: String,
+    /// Requests served, for tests that assert what a client cost the apiserver (the real one
+    /// counts them in `apiserver_request_total`).
+    pub requests: Requests,
+}
+
+/// How many requests the server was sent, by method and path. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Requests(Arc<std::sync::Mutex<std::collections::HashMap<(String, String), u64>>>);
+
+impl Requests {
+    fn count(&self, method: &Method, path: &str) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *map.entry((method.to_string(), path.to_string()))
+            .or_default() += 1;
+    }
+
+    /// Requests with `method` whose path starts with `prefix`.
+    pub fn matching(&self, method: &str, prefix: &str) -> u64 {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .filter(|((m, p), _)| m == method && p.starts_with(prefix))
+            .map(|(_, n)| n)
+            .sum()
+    }
 }
 
 /// The axum handler for every path.
 pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    app.requests.count(&method, &path);
     match serve(app, req).await {
         Ok(response) => response,
         Err(failure) => {

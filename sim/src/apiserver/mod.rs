@@ -114,6 +114,7 @@ pub struct ApiServer {
     ca: Arc<Ca>,
     store: Store,
     served: Served,
+    requests: api::Requests,
 }
 
 /// Namespaces kube-apiserver creates at start.
@@ -144,12 +145,14 @@ impl ApiServer {
             addr: cfg.listen,
             source,
         })?;
+        let requests = api::Requests::default();
         let app = Arc::new(api::App {
             store: store.clone(),
             policy: cfg.policy,
             tokens: cfg.tokens,
             kubelet: cfg.kubelet,
             server_address: addr.to_string(),
+            requests: requests.clone(),
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);
         let served = crate::serve::serve_tls(listener, tls, router);
@@ -160,7 +163,14 @@ impl ApiServer {
             ca: cfg.ca,
             store,
             served,
+            requests,
         })
+    }
+
+    /// Requests this server was sent with `method` (`GET`, `POST`, ...) whose path starts with
+    /// `prefix`.
+    pub fn requests(&self, method: &str, prefix: &str) -> u64 {
+        self.requests.matching(method, prefix)
     }
 
     /// `https://127.0.0.1:<port>`.

@@ -43,6 +43,10 @@ pub struct Setup {
     /// Wait in [`World::start`] until every virtual node is Ready (a replica whose certificate
     /// waits for approval by hand never writes one).
     pub wait_for_nodes: bool,
+    /// Give replicas routable addresses (on a dummy interface the world makes, see
+    /// [`super::addresses`]) instead of loopback ones: the root apiserver's node proxy refuses
+    /// to dial loopback ("address not allowed"). Needs root.
+    pub routable_replicas: bool,
 }
 
 impl Default for Setup {
@@ -57,6 +61,7 @@ impl Default for Setup {
             verify_kubelet_certificates: false,
             replica_pods: false,
             wait_for_nodes: true,
+            routable_replicas: false,
         }
     }
 }
@@ -78,6 +83,8 @@ pub struct World {
     /// Per replica, when replicas are pods: a kubeconfig with the token bound to its Pod.
     replica_kubeconfigs: Vec<String>,
     config_env: BTreeMap<String, String>,
+    /// Where the replicas' addresses come from.
+    addresses: super::addresses::ReplicaAddresses,
     pub runtime: tokio::runtime::Runtime,
     pub dir: tempfile::TempDir,
 }
@@ -103,6 +110,11 @@ impl World {
         // A world kept in a static is never dropped (nor is its TempDir): each run left ~370 MB
         // of etcd data and logs behind.
         crate::testkit::remove_at_exit(dir.path().to_path_buf());
+        let addresses = if setup.routable_replicas {
+            super::addresses::ReplicaAddresses::routable(setup.replicas)
+        } else {
+            super::addresses::ReplicaAddresses::Loopback
+        };
         let root = ControlPlane::start(
             dir.path(),
             Options {
@@ -157,7 +169,7 @@ impl World {
         let root_kubeconfig = token_kubeconfig(&root, sa_token.trim());
         let replica_kubeconfigs = if setup.replica_pods {
             (0..setup.replicas)
-                .map(|i| token_kubeconfig(&root, &replica_pod(&root, i)))
+                .map(|i| token_kubeconfig(&root, &replica_pod(&root, i, addresses.ip(i))))
                 .collect()
         } else {
             Vec::new()
@@ -174,6 +186,7 @@ impl World {
             root_kubeconfig,
             replica_kubeconfigs,
             config_env,
+            addresses,
             runtime,
             dir,
         };
@@ -195,8 +208,8 @@ impl World {
     }
 
     /// The address replica `i` listens on (its "pod IP").
-    pub fn replica_ip(i: usize) -> IpAddr {
-        format!("127.0.0.{}", i + 2).parse().expect("ip")
+    pub fn replica_ip(&self, i: usize) -> IpAddr {
+        self.addresses.ip(i)
     }
 
     /// The kubeconfig replica `i` authenticates to the root with.
@@ -206,9 +219,9 @@ impl World {
             .unwrap_or(&self.root_kubeconfig)
     }
 
-    /// Starts replica `i` on 127.0.0.{i+2}.
+    /// Starts replica `i` on its address.
     fn start_replica(&self, i: usize) -> Replica {
-        let ip = World::replica_ip(i);
+        let ip = self.replica_ip(i);
         let mut env = self.config_env.clone();
         env.insert("LEAF_NODE_IP".into(), ip.to_string());
         env.insert("POD_NAME".into(), format!("relaylet-{i}"));
@@ -524,9 +537,8 @@ fn chart_sets(values: &[&str]) -> Vec<String> {
 /// the kubelet would report it, and returns a token of relaylet's ServiceAccount bound to it
 /// (what a pod's projected token is: the apiserver adds the pod's name and UID to the user's
 /// extra).
-fn replica_pod(root: &ControlPlane, i: usize) -> String {
+fn replica_pod(root: &ControlPlane, i: usize, ip: IpAddr) -> String {
     let name = format!("relaylet-{i}");
-    let ip = World::replica_ip(i);
     let pod = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {RELAYLET_NAMESPACE}\n  labels:\n    app.kubernetes.io/name: relaylet\nspec:\n  serviceAccountName: relaylet\n  containers:\n  - name: relaylet\n    image: relaylet:test\n"
     );

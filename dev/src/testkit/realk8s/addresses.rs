@@ -1,0 +1,92 @@
+//! The addresses relaylet replicas listen on in a real-Kubernetes world, as a pod's IP.
+//!
+//! By default each replica gets a loopback address of its own (127.0.0.2, .3, ...). The root
+//! apiserver's node proxy (`nodes/<name>/proxy/...`) refuses to dial those ("address not
+//! allowed": it proxies only to global unicast addresses), so a world that tests the node proxy
+//! gives its replicas routable ones instead: addresses from 198.18.0.0/15 (set aside for
+//! benchmarking networks, RFC 2544, so never a real host's) on a dummy network interface this
+//! process makes and removes at exit. Traffic to them stays on this machine. Interfaces left by
+//! a process that was killed are removed by the next one.
+
+use std::net::IpAddr;
+use std::process::Command;
+
+/// Where replica addresses come from.
+pub enum ReplicaAddresses {
+    /// 127.0.0.{i+2}.
+    Loopback,
+    /// 198.18.0.0/15 addresses `base.{i+2}` on a dummy interface.
+    Routable { base: [u8; 3] },
+}
+
+impl ReplicaAddresses {
+    /// Makes a dummy interface with an address for each of `replicas` (needs root).
+    pub fn routable(replicas: usize) -> ReplicaAddresses {
+        remove_stale_links();
+        let pid = std::process::id();
+        let link = format!("rlt{pid}");
+        // From the pid: concurrent test processes (other checkouts' too) use other addresses.
+        let base = [198, 18 + ((pid >> 8) & 1) as u8, (pid & 0xff) as u8];
+        ip(&["link", "add", &link, "type", "dummy"]);
+        crate::testkit::run_at_exit(Box::new({
+            let link = link.clone();
+            move || {
+                let _ = Command::new("ip").args(["link", "del", &link]).status();
+            }
+        }));
+        let addresses = ReplicaAddresses::Routable { base };
+        for i in 0..replicas {
+            let addr = format!("{}/32", addresses.ip(i));
+            ip(&["addr", "add", &addr, "dev", &link]);
+        }
+        ip(&["link", "set", &link, "up"]);
+        addresses
+    }
+
+    /// Replica `i`'s address.
+    pub fn ip(&self, i: usize) -> IpAddr {
+        match self {
+            ReplicaAddresses::Loopback => format!("127.0.0.{}", i + 2),
+            ReplicaAddresses::Routable { base, .. } => {
+                format!("{}.{}.{}.{}", base[0], base[1], base[2], i + 2)
+            }
+        }
+        .parse()
+        .expect("an IP address")
+    }
+}
+
+/// Runs `ip args`, panicking with its error (a test that needs the interface cannot go on).
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running ip {args:?} (iproute2): {e}"));
+    assert!(
+        out.status.success(),
+        "ip {args:?} failed (routable replica addresses need root): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Removes dummy interfaces `rlt<pid>` whose process is gone.
+fn remove_stale_links() {
+    let Ok(out) = Command::new("ip")
+        .args(["-o", "link", "show", "type", "dummy"])
+        .output()
+    else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line.split(": ").nth(1) else {
+            continue;
+        };
+        let name = name.split('@').next().unwrap_or(name);
+        if let Some(pid) = name.strip_prefix("rlt")
+            && pid.parse::<u32>().is_ok()
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = Command::new("ip").args(["link", "del", name]).status();
+        }
+    }
+}
