@@ -589,6 +589,7 @@ fn expected_permissions(
         ));
     }
     g.extend(grant(leaf_ns, "", "secrets", "", &["list", "watch"]));
+    g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["create"]));
     if cluster_ca {
         g.extend(grant(
             "kube-system",
