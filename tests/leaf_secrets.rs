@@ -370,32 +370,46 @@ fn a_second_secret_naming_a_taken_node_is_refused_and_the_first_keeps_serving() 
 
 #[test]
 fn serving_certificate_names_come_from_registered_leaves_only() {
-    // The CSR names every registered virtual node (lib.rs: `registry.snapshot()` node names):
-    // a refused Secret never registers, so its name can never reach the certificate.
+    // The serving-certificate CSR names every registered virtual node (lib.rs reads
+    // `registry.snapshot()`): a refused Secret never registers, so a name it asks for, here a
+    // wildcard, never reaches the certificate.
     let e = env();
     RT.block_on(async {
-        let leaf_server = e.sandbox.leaves["leaf-1"].api.url();
-        let user = "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token";
+        let wildcard = "*.example.com";
+        let working = e.sandbox.leaves["leaf-1"]
+            .kubeconfig(RELAYLET_LEAF_USER, &[])
+            .unwrap();
         create_secret(
             e,
             "csr-name",
             "csr-name",
-            &kubeconfig(&leaf_server, user),
-            &[("relaylet.io/node-name", "evil.example.com")],
+            &working,
+            &[("relaylet.io/node-name", wildcard)],
         )
         .await;
-        refused_or_harm(e, "csr-name", async || None).await;
-        let names: Vec<String> = e
-            .sandbox
-            .relaylet
-            .registry
-            .snapshot()
-            .values()
-            .map(|l| l.node_name.clone())
-            .collect();
+        let names = || -> Vec<String> {
+            e.sandbox
+                .relaylet
+                .registry
+                .snapshot()
+                .values()
+                .map(|l| l.node_name.clone())
+                .collect()
+        };
+        let note = refused_or_harm(e, "csr-name", async || {
+            let names = names();
+            names.contains(&wildcard.to_string()).then(|| {
+                format!("{wildcard} is a registered node name, so the CSR asks for it: {names:?}")
+            })
+        })
+        .await;
         assert!(
-            !names.contains(&"evil.example.com".to_string()),
-            "{names:?}"
+            note.starts_with(
+                "annotation relaylet.io/node-name: \"*.example.com\" must be a DNS subdomain"
+            ),
+            "{note}"
         );
+        assert!(refusals(e, "node_name_invalid").await >= 1.0);
+        assert!(!names().contains(&wildcard.to_string()));
     });
 }
