@@ -20,7 +20,7 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use relaylet_dev::sandbox::{RELAYLET_LEAF_USER, RELAYLET_NAMESPACE, Settings};
 use relaylet_sim::cluster::{SimContainer, SimPod};
 use support::{Env, RT};
@@ -411,5 +411,57 @@ fn serving_certificate_names_come_from_registered_leaves_only() {
         );
         assert!(refusals(e, "node_name_invalid").await >= 1.0);
         assert!(!names().contains(&wildcard.to_string()));
+    });
+}
+
+#[test]
+fn a_working_leaf_survives_its_secret_turning_into_code() {
+    let e = env();
+    RT.block_on(async {
+        let working = e.sandbox.leaves["leaf-1"]
+            .kubeconfig(RELAYLET_LEAF_USER, &[])
+            .unwrap();
+        create_secret(e, "turns-bad", "turns-bad", &working, &[]).await;
+        tokio::time::timeout(HANG, async {
+            while e
+                .sandbox
+                .relaylet
+                .registry
+                .by_node("relaylet-turns-bad")
+                .is_none()
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the working leaf registered");
+        // Its writer swaps the kubeconfig for an exec plugin.
+        let marker = e.sandbox.files().join("turned-bad-plugin-ran");
+        let user = format!(
+            "    exec:
+      apiVersion: client.authentication.k8s.io/v1beta1
+      command: sh
+      args: [-c, 'touch {}']
+      interactiveMode: Never",
+            marker.display()
+        );
+        let bad = kubeconfig(&e.sandbox.leaves["leaf-1"].api.url(), &user);
+        let patch = serde_json::json!({"data": {"kubeconfig": ByteString(bad.into_bytes())}});
+        let secrets: Api<Secret> = Api::namespaced(root_client(e).await, RELAYLET_NAMESPACE);
+        secrets
+            .patch("turns-bad", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let note = refused_or_harm(e, "turns-bad", async || {
+            marker
+                .exists()
+                .then(|| format!("the exec plugin ran: {} exists", marker.display()))
+        })
+        .await;
+        assert!(note.contains("exec is not allowed"), "{note}");
+        assert!(!marker.exists(), "the exec plugin ran");
+        // The leaf built from the Secret's last good version still serves.
+        let leaf = e.sandbox.relaylet.registry.by_node("relaylet-turns-bad");
+        assert_eq!(leaf.map(|l| l.name.clone()).as_deref(), Some("turns-bad"));
     });
 }
