@@ -1698,6 +1698,9 @@ async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
         parsed["users"][0]["user"]["token"],
         "eyJhbGciOiJSUzI1NiJ9.service-account-token.sig"
     );
+    // It is data only, as a leaf Secret's kubeconfig must be (the user's had a CA file).
+    let as_kube_reads_it = kube::config::Kubeconfig::from_yaml(&minted).unwrap();
+    relaylet::leaf_kubeconfig::check(&as_kube_reads_it).expect("a kubeconfig leaf Secrets may carry");
     // relaylet's own loader accepts it.
     relaylet::leaf::Leaf::from_kubeconfig(
         "leaf-a",
