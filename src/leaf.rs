@@ -421,11 +421,19 @@ impl LeafSecrets {
             })
             .collect();
         let mut verdicts = crate::leaf_names::resolve(reserved.as_ref(), claims);
-        for (name, names) in names {
-            let names = names.and_then(|pair| match verdicts.remove(&name) {
-                Some(Err(refusal)) => Err(refusal),
-                _ => Ok(pair),
-            });
+        let (winners, losers): (Vec<_>, Vec<_>) = names
+            .into_iter()
+            .map(|(name, names)| {
+                let names = names.and_then(|pair| match verdicts.remove(&name) {
+                    Some(Err(refusal)) => Err(refusal),
+                    _ => Ok(pair),
+                });
+                (name, names)
+            })
+            .partition(|(_, names)| names.is_ok());
+        // Winners first: a node taken over from a younger Secret gets its new leaf before the
+        // old one goes, so the node is never without a leaf (the controller would delete it).
+        for (name, names) in winners.into_iter().chain(losers) {
             let Some(secret) = self.secrets.get(&name).cloned() else {
                 continue;
             };

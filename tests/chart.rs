@@ -1700,7 +1700,8 @@ async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
     );
     // It is data only, as a leaf Secret's kubeconfig must be (the user's had a CA file).
     let as_kube_reads_it = kube::config::Kubeconfig::from_yaml(&minted).unwrap();
-    relaylet::leaf_kubeconfig::check(&as_kube_reads_it).expect("a kubeconfig leaf Secrets may carry");
+    relaylet::leaf_kubeconfig::check(&as_kube_reads_it)
+        .expect("a kubeconfig leaf Secrets may carry");
     // relaylet's own loader accepts it.
     relaylet::leaf::Leaf::from_kubeconfig(
         "leaf-a",

@@ -465,3 +465,54 @@ fn a_working_leaf_survives_its_secret_turning_into_code() {
         assert_eq!(leaf.map(|l| l.name.clone()).as_deref(), Some("turns-bad"));
     });
 }
+
+/// Waits until virtual node `node` is served by leaf `leaf`.
+async fn wait_leaf_of(e: &Env, node: &str, leaf: &str) {
+    tokio::time::timeout(HANG, async {
+        while e
+            .sandbox
+            .relaylet
+            .registry
+            .by_node(node)
+            .map(|l| l.name.clone())
+            .as_deref()
+            != Some(leaf)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("node {node} not served by leaf {leaf} within {HANG:?}"));
+}
+
+#[test]
+fn a_refused_claim_stays_refused_while_the_holder_exists_and_takes_over_after() {
+    let e = env();
+    RT.block_on(async {
+        let working = e.sandbox.leaves["leaf-1"]
+            .kubeconfig(RELAYLET_LEAF_USER, &[])
+            .unwrap();
+        let shared = [("relaylet.io/node-name", "shared-node")];
+        create_secret(e, "holder", "holder", &working, &shared).await;
+        wait_leaf_of(e, "shared-node", "holder").await;
+        // Created after "holder" (and its name sorts after it, should both share a second).
+        create_secret(e, "waiting", "waiting", &working, &shared).await;
+        let note = refused_or_harm(e, "waiting", async || {
+            let leaf = e.sandbox.relaylet.registry.by_node("shared-node");
+            leaf.filter(|l| l.name != "holder")
+                .map(|l| format!("shared-node was taken over by leaf {}", l.name))
+        })
+        .await;
+        assert!(
+            note.contains("already used by leaf Secret \"holder\""),
+            "{note}"
+        );
+        // The holder goes: the waiting Secret is decided again and gets the node.
+        let secrets: Api<Secret> = Api::namespaced(root_client(e).await, RELAYLET_NAMESPACE);
+        secrets
+            .delete("holder", &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+        wait_leaf_of(e, "shared-node", "waiting").await;
+    });
+}
