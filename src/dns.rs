@@ -1,5 +1,5 @@
-//! Kubernetes name rules relaylet checks in its own configuration (leaf names, namespaces),
-//! kept apart so configuration and the leaf registry share one definition.
+//! Kubernetes name rules relaylet checks in its own configuration (leaf names, namespaces, node
+//! names), kept apart so configuration and the leaf registry share one definition.
 
 /// A leaf name becomes part of a Node name and a label value: keep it a DNS-1123 label.
 pub fn check_dns_label(name: &str) -> Result<(), String> {
@@ -16,5 +16,53 @@ pub fn check_dns_label(name: &str) -> Result<(), String> {
         Err(format!(
             "{name:?} must be a DNS label: lowercase letters, digits and '-', at most 63 characters, starting and ending with a letter or digit"
         ))
+    }
+}
+
+/// A Node name (a leaf Secret's `relaylet.io/node-name`) must be a DNS-1123 subdomain, as the
+/// apiserver requires: dot-separated DNS labels, at most 253 characters in all.
+pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
+    let label_ok = |label: &str| check_dns_label(label).is_ok();
+    if name.len() <= 253 && name.split('.').all(label_ok) {
+        Ok(())
+    } else {
+        // The name is shown only when short: it may be anything a Secret writer typed.
+        let shown = if name.len() <= 253 {
+            format!("{name:?}")
+        } else {
+            format!("a name of {} characters", name.len())
+        };
+        Err(format!(
+            "{shown} must be a DNS subdomain: lowercase letters, digits, '-' and '.', at most 253 characters, each dot-separated part starting and ending with a letter or digit"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subdomains() {
+        for ok in ["a", "relaylet-leaf-1", "node.example.com", "0.a-b.c"] {
+            assert_eq!(check_dns_subdomain(ok), Ok(()), "{ok}");
+        }
+        let long = format!(
+            "{}.{}.{}.{}",
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61)
+        );
+        assert_eq!(long.len(), 253);
+        assert_eq!(check_dns_subdomain(&long), Ok(()));
+        for bad in [
+            "", ".", "a..b", "-a", "a-", "a.-b", "A", "a_b", "a/b", "a b", "a.", ".a",
+        ] {
+            assert!(check_dns_subdomain(bad).is_err(), "{bad:?}");
+        }
+        let too_long = format!("{long}a");
+        let err = check_dns_subdomain(&too_long).unwrap_err();
+        assert!(err.starts_with("a name of 254 characters"), "{err}");
     }
 }

@@ -2,9 +2,11 @@
 //!
 //! A leaf is a kubeconfig: from a Secret labelled `relaylet.io/leaf-cluster: <name>` (watched,
 //! so adding, changing or deleting one takes effect without a restart) or from the
-//! `LEAF_KUBECONFIG` file. Each leaf gets two kube clients built from the same kubeconfig, so
-//! both carry its TLS settings and credentials (client certificates, bearer tokens, exec
-//! plugins): one for ordinary API calls, and one for relayed streams, which has no read or write
+//! `LEAF_KUBECONFIG` file. A Secret is data, not code: its kubeconfig may carry inline
+//! credentials only (`leaf_kubeconfig`), its names may not take over another leaf's or a Node
+//! this install does not own (`leaf_names`), and a refused Secret registers nothing and says
+//! why (`leaf_secret_refusal`). Each leaf gets two kube clients built from the same kubeconfig,
+//! so both carry its TLS settings and credentials: one for ordinary API calls, and one for relayed streams, which has no read or write
 //! timeout (an interactive shell may be quiet for hours; relaylet enforces its own idle timeout)
 //! and no retries (a retried exec would run a command twice).
 
@@ -12,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Secret, Taint};
+use k8s_openapi::api::core::v1::{Node, Secret, Taint};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -20,7 +22,9 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
-use crate::dns::check_dns_label;
+use crate::dns::{check_dns_label, check_dns_subdomain};
+use crate::leaf_names::{Claim, Reserved};
+use crate::leaf_secret_refusal::{Refusal, Reporter};
 use crate::metrics::Metrics;
 use crate::read_ahead::ReadAheadConnector;
 use crate::warm_connector::{Sources, WarmConnector};
@@ -92,8 +96,6 @@ impl std::fmt::Debug for Leaf {
 /// Why a leaf could not be set up. Never carries kubeconfig contents (they hold secrets).
 #[derive(Debug, thiserror::Error)]
 pub enum LeafError {
-    #[error("leaf Secret {secret}: {message}")]
-    BadSecret { secret: String, message: String },
     #[error("leaf {leaf}: kubeconfig: {source}")]
     Kubeconfig {
         leaf: String,
@@ -123,6 +125,22 @@ impl Leaf {
             source,
         };
         let kubeconfig = Kubeconfig::from_yaml(kubeconfig_yaml).map_err(kubeconfig_err)?;
+        Leaf::from_parsed(name, node_name, kubeconfig, metrics, spare).await
+    }
+
+    /// Builds a leaf's clients from a parsed kubeconfig, used as it is: a leaf Secret's must
+    /// have passed `leaf_kubeconfig::check` first (this reads the files it names).
+    pub async fn from_parsed(
+        name: &str,
+        node_name: &str,
+        kubeconfig: Kubeconfig,
+        metrics: &Metrics,
+        spare: bool,
+    ) -> Result<Leaf, LeafError> {
+        let kubeconfig_err = |source| LeafError::Kubeconfig {
+            leaf: name.to_string(),
+            source,
+        };
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
@@ -192,12 +210,32 @@ impl Registry {
 
     /// Adds or replaces a leaf (keyed by its virtual node name).
     pub fn insert(&self, leaf: Leaf) {
+        self.replace(None, leaf);
+    }
+
+    /// Adds `leaf` in place of `old` (the same Secret's previous leaf, which may have had
+    /// another name), in one step so watchers never see the leaf missing.
+    fn replace(&self, old: Option<&Arc<Leaf>>, leaf: Leaf) -> Arc<Leaf> {
         tracing::info!(leaf = %leaf.name, node = %leaf.node_name, "leaf cluster registered");
         let leaf = Arc::new(leaf);
         self.leaves.send_modify(|map| {
             // A leaf renamed its node: drop the old entry so one leaf never has two nodes.
-            map.retain(|_, l| l.name != leaf.name);
-            map.insert(leaf.node_name.clone(), leaf);
+            map.retain(|_, l| l.name != leaf.name && !old.is_some_and(|o| Arc::ptr_eq(o, l)));
+            map.insert(leaf.node_name.clone(), leaf.clone());
+        });
+        leaf
+    }
+
+    /// Removes exactly `leaf` (not another leaf of the same name).
+    fn remove_exact(&self, leaf: &Arc<Leaf>) {
+        self.leaves.send_if_modified(|map| {
+            let before = map.len();
+            map.retain(|_, l| !Arc::ptr_eq(l, leaf));
+            let changed = map.len() != before;
+            if changed {
+                tracing::info!(leaf = %leaf.name, node = %leaf.node_name, "leaf cluster removed");
+            }
+            changed
         });
     }
 
@@ -213,18 +251,11 @@ impl Registry {
             changed
         });
     }
-
-    /// Keeps only leaves whose names are in `names`.
-    fn retain_names(&self, names: &[String]) {
-        self.leaves.send_if_modified(|map| {
-            let before = map.len();
-            map.retain(|_, l| names.contains(&l.name));
-            map.len() != before
-        });
-    }
 }
 
-/// Adds the `LEAF_KUBECONFIG` leaf, if configured.
+/// Adds the `LEAF_KUBECONFIG` leaf, if configured. Its kubeconfig is used as it is (exec
+/// plugins, file paths and all), unlike a leaf Secret's: the file is the administrator's, who
+/// controls relaylet's pod anyway.
 pub async fn load_static_leaf(
     config: &Config,
     registry: &Registry,
@@ -253,53 +284,305 @@ pub async fn load_static_leaf(
     Ok(())
 }
 
-/// Watches labelled leaf Secrets in `namespace` and keeps `registry` in step until the stream
-/// ends (it only ends when the task is dropped; watch errors are retried with backoff).
+/// Where and how leaf Secrets are watched, and whose Nodes they may name.
+pub struct SecretSource {
+    pub root: Client,
+    pub namespace: String,
+    /// The label that marks leaf Secrets; its value is the leaf name.
+    pub label: String,
+    /// This install's owner label value on its Nodes (see `node_ownership`).
+    pub owner: String,
+}
+
+/// Watches labelled leaf Secrets and keeps `registry` in step until the stream ends (it only
+/// ends when the task is dropped; watch errors are retried with backoff).
 pub async fn watch_secrets(
-    root: Client,
-    namespace: String,
-    label: String,
+    source: SecretSource,
     config: Arc<Config>,
     registry: Registry,
     metrics: Metrics,
 ) {
-    let api: Api<Secret> = Api::namespaced(root, &namespace);
-    let watch_config = watcher::Config::default().labels(&label);
+    let api: Api<Secret> = Api::namespaced(source.root.clone(), &source.namespace);
+    let watch_config = watcher::Config::default().labels(&source.label);
     let mut events = watcher(api, watch_config).default_backoff().boxed();
-    // Names seen during a (re)list; leaves not seen are gone.
-    let mut relisted: Vec<String> = Vec::new();
-    let static_name = config.static_leaf.as_ref().map(|l| l.name.clone());
+    let namespace = source.namespace.clone();
+    let mut secrets = LeafSecrets {
+        reporter: Reporter {
+            root: source.root.clone(),
+            metrics: metrics.clone(),
+            instance: config.replica_name(),
+        },
+        nodes: Api::all(source.root),
+        owner: source.owner,
+        label: source.label,
+        config,
+        registry,
+        metrics,
+        secrets: BTreeMap::new(),
+        seen: BTreeMap::new(),
+    };
+    // The Secrets of a (re)list, decided on together once it is complete.
+    let mut relisted: BTreeMap<String, Secret> = BTreeMap::new();
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Init) => relisted.clear(),
             Ok(watcher::Event::InitApply(secret)) => {
-                if let Some(name) =
-                    apply_secret(&secret, &label, &config, &registry, &metrics).await
-                {
-                    relisted.push(name);
-                }
+                relisted.insert(secret.metadata.name.clone().unwrap_or_default(), secret);
             }
             Ok(watcher::Event::InitDone) => {
-                relisted.extend(static_name.clone());
-                registry.retain_names(&relisted);
-                registry
+                secrets.secrets = std::mem::take(&mut relisted);
+                secrets.reconcile().await;
+                secrets
+                    .registry
                     .synced
                     .store(true, std::sync::atomic::Ordering::Release);
                 // Wake subscribers even when nothing changed: a synced registry is news (the
                 // virtual node controller may now look for orphans).
-                registry.leaves.send_modify(|_| {});
+                secrets.registry.leaves.send_modify(|_| {});
             }
             Ok(watcher::Event::Apply(secret)) => {
-                apply_secret(&secret, &label, &config, &registry, &metrics).await;
+                let name = secret.metadata.name.clone().unwrap_or_default();
+                secrets.secrets.insert(name, secret);
+                secrets.reconcile().await;
             }
             Ok(watcher::Event::Delete(secret)) => {
-                if let Some(name) = leaf_name(&secret, &label)
-                    && Some(&name) != static_name.as_ref()
-                {
-                    registry.remove(&name);
-                }
+                let name = secret.metadata.name.clone().unwrap_or_default();
+                secrets.secrets.remove(&name);
+                secrets.reconcile().await;
             }
             Err(err) => tracing::warn!(%err, namespace = %namespace, "watching leaf Secrets"),
+        }
+    }
+}
+
+/// The leaf Secrets and what was decided for each.
+struct LeafSecrets {
+    label: String,
+    config: Arc<Config>,
+    registry: Registry,
+    metrics: Metrics,
+    reporter: Reporter,
+    nodes: Api<Node>,
+    owner: String,
+    /// Every labelled Secret now, by name.
+    secrets: BTreeMap<String, Secret>,
+    /// What was decided for each Secret, by name.
+    seen: BTreeMap<String, Seen>,
+}
+
+/// What was decided for one Secret.
+struct Seen {
+    /// The Secret's resourceVersion then (`None`: decide again at the next chance).
+    resource_version: Option<String>,
+    /// The names verdict then.
+    names: Result<(String, String), Refusal>,
+    /// The leaf registered from this Secret: kept while a later version is refused for its
+    /// own content, dropped when its names go to another Secret or it is deleted.
+    leaf: Option<Arc<Leaf>>,
+}
+
+impl LeafSecrets {
+    /// Decides again for every Secret whose content or names verdict changed: registers,
+    /// replaces, removes, or refuses (once per change, so relists and other Secrets' events
+    /// do not repeat a refusal).
+    async fn reconcile(&mut self) {
+        for (name, seen) in std::mem::take(&mut self.seen) {
+            if self.secrets.contains_key(&name) {
+                self.seen.insert(name, seen);
+            } else if let Some(leaf) = seen.leaf {
+                self.registry.remove_exact(&leaf);
+            }
+        }
+        let names: BTreeMap<String, Result<(String, String), Refusal>> = self
+            .secrets
+            .iter()
+            .map(|(name, secret)| (name.clone(), self.names(secret)))
+            .collect();
+        let reserved = self.config.static_leaf.as_ref().map(|l| Reserved {
+            leaf: l.name.clone(),
+            node: self.config.node_name(&l.name),
+        });
+        let claims = names
+            .iter()
+            .filter_map(|(secret, names)| {
+                let (leaf, node) = names.as_ref().ok()?;
+                Some(Claim {
+                    secret: secret.clone(),
+                    created: self
+                        .secrets
+                        .get(secret)?
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0),
+                    leaf: leaf.clone(),
+                    node: node.clone(),
+                })
+            })
+            .collect();
+        let mut verdicts = crate::leaf_names::resolve(reserved.as_ref(), claims);
+        let (winners, losers): (Vec<_>, Vec<_>) = names
+            .into_iter()
+            .map(|(name, names)| {
+                let names = names.and_then(|pair| match verdicts.remove(&name) {
+                    Some(Err(refusal)) => Err(refusal),
+                    _ => Ok(pair),
+                });
+                (name, names)
+            })
+            .partition(|(_, names)| names.is_ok());
+        // Winners first: a node taken over from a younger Secret gets its new leaf before the
+        // old one goes, so the node is never without a leaf (the controller would delete it).
+        for (name, names) in winners.into_iter().chain(losers) {
+            let Some(secret) = self.secrets.get(&name).cloned() else {
+                continue;
+            };
+            self.decide(&name, &secret, names).await;
+        }
+    }
+
+    /// The leaf and node names a Secret asks for, if they are well formed.
+    fn names(&self, secret: &Secret) -> Result<(String, String), Refusal> {
+        let label = &self.label;
+        let leaf = leaf_name(secret, label)
+            .ok_or_else(|| Refusal::Invalid(format!("no {label} label")))?;
+        check_dns_label(&leaf).map_err(|m| Refusal::Invalid(format!("label {label}: {m}")))?;
+        let node = match annotation(secret, NODE_NAME_ANNOTATION) {
+            Some(node) => {
+                check_dns_subdomain(node).map_err(Refusal::NodeNameInvalid)?;
+                node.to_string()
+            }
+            None => self.config.node_name(&leaf),
+        };
+        Ok((leaf, node))
+    }
+
+    async fn decide(
+        &mut self,
+        name: &str,
+        secret: &Secret,
+        names: Result<(String, String), Refusal>,
+    ) {
+        let resource_version = secret.metadata.resource_version.clone();
+        if let Some(seen) = self.seen.get(name)
+            && seen.resource_version.is_some()
+            && seen.resource_version == resource_version
+            && seen.names == names
+        {
+            return;
+        }
+        let mut leaf = self.seen.remove(name).and_then(|seen| seen.leaf);
+        let outcome = match &names {
+            Err(refusal) => Err(refusal.clone()),
+            Ok((leaf_name, node_name)) => self.leaf_from_secret(secret, leaf_name, node_name).await,
+        };
+        let mut resource_version = resource_version;
+        match outcome {
+            Ok(built) => leaf = Some(self.registry.replace(leaf.as_ref(), built)),
+            Err(refusal) => {
+                if refusal.lost_names()
+                    && let Some(old) = leaf.take()
+                {
+                    // Its names belong to an older Secret now: that one's leaf takes over.
+                    self.registry.remove_exact(&old);
+                }
+                if matches!(refusal, Refusal::NodeCheckFailed { .. }) {
+                    // Not the Secret's fault: try again at the next event.
+                    resource_version = None;
+                }
+                let leaf_name = names.as_ref().ok().map(|(l, _)| l.as_str());
+                self.reporter.refused(secret, leaf_name, &refusal).await;
+            }
+        }
+        self.seen.insert(
+            name.to_string(),
+            Seen {
+                resource_version,
+                names,
+                leaf,
+            },
+        );
+    }
+
+    /// Builds the leaf a Secret describes, after checking that its kubeconfig is data only and
+    /// that its node is not someone else's.
+    async fn leaf_from_secret(
+        &self,
+        secret: &Secret,
+        name: &str,
+        node_name: &str,
+    ) -> Result<Leaf, Refusal> {
+        let data = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(KUBECONFIG_KEY))
+            .ok_or_else(|| Refusal::Invalid(format!("no {KUBECONFIG_KEY:?} key")))?;
+        let yaml = std::str::from_utf8(&data.0)
+            .map_err(|_| Refusal::Invalid(format!("{KUBECONFIG_KEY:?} is not UTF-8")))?;
+        let annotations = secret.metadata.annotations.clone().unwrap_or_default();
+        let overrides = crate::node_overrides::overrides(&annotations).map_err(Refusal::Invalid)?;
+        let namespaces = match annotations.get(NAMESPACE_MAP_ANNOTATION) {
+            None => NamespaceMap::default(),
+            Some(text) => NamespaceMap::parse(text).map_err(|m| {
+                Refusal::Invalid(format!("annotation {NAMESPACE_MAP_ANNOTATION}: {m}"))
+            })?,
+        };
+        // The parser's own message is withheld: it may quote the Secret's contents.
+        let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(|_| {
+            Refusal::Unusable(format!(
+                "the {KUBECONFIG_KEY:?} key does not parse as a kubeconfig"
+            ))
+        })?;
+        let warnings = crate::leaf_kubeconfig::check(&kubeconfig)?;
+        for cluster in warnings.insecure_clusters {
+            tracing::warn!(
+                secret = %secret.metadata.name.as_deref().unwrap_or_default(),
+                leaf = name,
+                cluster = %cluster,
+                "leaf kubeconfig sets insecure-skip-tls-verify: the leaf apiserver's identity is not verified"
+            );
+        }
+        self.check_node(node_name).await?;
+        let mut leaf = Leaf::from_parsed(
+            name,
+            node_name,
+            kubeconfig,
+            &self.metrics,
+            self.config.leaf_spare_connection,
+        )
+        .await
+        .map_err(|err| match err {
+            LeafError::Kubeconfig { source, .. } => Refusal::Unusable(source.to_string()),
+            LeafError::Client { source, .. } => {
+                Refusal::Unusable(format!("building a client: {source}"))
+            }
+        })?;
+        leaf.node_labels = overrides.labels;
+        leaf.node_taints = overrides.taints;
+        leaf.namespaces = namespaces;
+        Ok(leaf)
+    }
+
+    /// Refuses a node name that is an existing Node this install may not write (a real node,
+    /// another tool's or another install's).
+    async fn check_node(&self, node: &str) -> Result<(), Refusal> {
+        match self.nodes.get_opt(node).await {
+            Ok(Some(found)) => {
+                let ownership = crate::node_ownership::ownership(&found, &self.owner);
+                if ownership.writable() {
+                    Ok(())
+                } else {
+                    Err(Refusal::NodeNotOurs {
+                        node: node.to_string(),
+                        owner: ownership.to_string(),
+                    })
+                }
+            }
+            Ok(None) => Ok(()),
+            Err(err) => Err(Refusal::NodeCheckFailed {
+                node: node.to_string(),
+                message: err.to_string(),
+            }),
         }
     }
 }
@@ -308,73 +591,11 @@ fn leaf_name(secret: &Secret, label: &str) -> Option<String> {
     secret.metadata.labels.as_ref()?.get(label).cloned()
 }
 
-/// Registers the leaf a Secret describes; returns its name when it is valid.
-async fn apply_secret(
-    secret: &Secret,
-    label: &str,
-    config: &Config,
-    registry: &Registry,
-    metrics: &Metrics,
-) -> Option<String> {
-    let secret_name = secret.metadata.name.clone().unwrap_or_default();
-    match leaf_from_secret(secret, label, config, metrics).await {
-        Ok(leaf) => {
-            let name = leaf.name.clone();
-            registry.insert(leaf);
-            Some(name)
-        }
-        Err(err) => {
-            // A broken Secret must not take a working leaf down with it: keep the old one.
-            tracing::error!(secret = %secret_name, %err, "ignoring leaf Secret");
-            leaf_name(secret, label).filter(|n| registry.snapshot().values().any(|l| &l.name == n))
-        }
-    }
-}
-
-async fn leaf_from_secret(
-    secret: &Secret,
-    label: &str,
-    config: &Config,
-    metrics: &Metrics,
-) -> Result<Leaf, LeafError> {
-    let secret_name = secret.metadata.name.clone().unwrap_or_default();
-    let bad = |message: String| LeafError::BadSecret {
-        secret: secret_name.clone(),
-        message,
-    };
-    let name = leaf_name(secret, label).ok_or_else(|| bad(format!("no {label} label")))?;
-    check_dns_label(&name).map_err(|m| bad(format!("label {label}: {m}")))?;
-    let node_name = secret
+fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
+    secret
         .metadata
         .annotations
-        .as_ref()
-        .and_then(|a| a.get(NODE_NAME_ANNOTATION))
-        .cloned()
-        .unwrap_or_else(|| config.node_name(&name));
-    let data = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(KUBECONFIG_KEY))
-        .ok_or_else(|| bad(format!("no {KUBECONFIG_KEY:?} key")))?;
-    let yaml = std::str::from_utf8(&data.0)
-        .map_err(|_| bad(format!("{KUBECONFIG_KEY:?} is not UTF-8")))?;
-    let annotations = secret.metadata.annotations.clone().unwrap_or_default();
-    let overrides = crate::node_overrides::overrides(&annotations).map_err(bad)?;
-    let namespaces = match annotations.get(NAMESPACE_MAP_ANNOTATION) {
-        None => NamespaceMap::default(),
-        Some(text) => NamespaceMap::parse(text)
-            .map_err(|m| bad(format!("annotation {NAMESPACE_MAP_ANNOTATION}: {m}")))?,
-    };
-    let mut leaf = Leaf::from_kubeconfig(
-        &name,
-        &node_name,
-        yaml,
-        metrics,
-        config.leaf_spare_connection,
-    )
-    .await?;
-    leaf.node_labels = overrides.labels;
-    leaf.node_taints = overrides.taints;
-    leaf.namespaces = namespaces;
-    Ok(leaf)
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }

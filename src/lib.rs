@@ -18,11 +18,15 @@ pub mod health;
 pub mod kubelet_request;
 pub mod leader;
 pub mod leaf;
+pub mod leaf_kubeconfig;
+pub mod leaf_names;
+pub mod leaf_secret_refusal;
 pub mod limits;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
 pub mod node_overrides;
+pub mod node_ownership;
 pub mod node_ports;
 pub mod node_server;
 pub mod pod_index;
@@ -115,10 +119,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         node_ports: node_ports.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
-        owner: config
-            .pod_namespace
-            .clone()
-            .unwrap_or_else(|| root.default_namespace().to_string()),
+        owner: owner(&config, &root),
     });
     spawn_until(&shutdown, controller.run());
     let parts = NodeServers {
@@ -176,18 +177,25 @@ async fn watch_leaves(
         .clone()
         .or_else(|| config.pod_namespace.clone())
         .unwrap_or_else(|| root.default_namespace().to_string());
+    let source = leaf::SecretSource {
+        root: root.clone(),
+        namespace: secret_namespace,
+        label: config.leaf_secret_label.clone(),
+        owner: owner(config, root),
+    };
     spawn_until(
         shutdown,
-        leaf::watch_secrets(
-            root.clone(),
-            secret_namespace,
-            config.leaf_secret_label.clone(),
-            config.clone(),
-            registry.clone(),
-            metrics.clone(),
-        ),
+        leaf::watch_secrets(source, config.clone(), registry.clone(), metrics.clone()),
     );
     Ok(registry)
+}
+
+/// This install's identity on its Nodes (`node_ownership::OWNER_LABEL`): its namespace.
+fn owner(config: &Config, root: &Client) -> String {
+    config
+        .pod_namespace
+        .clone()
+        .unwrap_or_else(|| root.default_namespace().to_string())
 }
 
 /// `SERVING_CERT_MODE=csr`: starts requesting (and renewing) the serving certificate from the

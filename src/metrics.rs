@@ -69,6 +69,8 @@ pub struct Metrics {
     /// The CSR approver's decisions on CSRs relaylet's identity made, by `decision`
     /// (`approved`, `refused`).
     pub csr_approver_decisions: Family<OneLabel, Counter>,
+    /// Leaf Secrets refused (never registered), by `reason` (see `leaf_secret_refusal`).
+    pub leaf_secret_refusals: Family<OneLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -185,8 +187,15 @@ impl Metrics {
             "The CSR approver's decisions on kubelet-serving CSRs made by relaylet's identity, by decision (approved, refused)",
             csr_approver_decisions.clone(),
         );
+        let leaf_secret_refusals = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "leaf_secret_refusals",
+            "Leaf Secrets refused and not registered, by reason (exec_plugin, token_file, node_name_taken, ...); the Secret's Warning Event says which",
+            leaf_secret_refusals.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
+            leaf_secret_refusals,
             serving_cert_pending,
             serving_cert_issued,
             serving_cert_expiry,
@@ -252,6 +261,13 @@ impl Metrics {
     pub fn counterpart_refusal(&self, leaf: &str, reason: &'static str) {
         self.counterpart_refusals
             .get_or_create(&[("leaf", leaf.to_string()), ("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// Counts one refused leaf Secret.
+    pub fn leaf_secret_refusal(&self, reason: &'static str) {
+        self.leaf_secret_refusals
+            .get_or_create(&[("reason", reason.to_string())])
             .inc();
     }
 

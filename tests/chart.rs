@@ -589,6 +589,7 @@ fn expected_permissions(
         ));
     }
     g.extend(grant(leaf_ns, "", "secrets", "", &["list", "watch"]));
+    g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["create"]));
     if cluster_ca {
         g.extend(grant(
             "kube-system",
@@ -1703,6 +1704,10 @@ async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
         parsed["users"][0]["user"]["token"],
         "eyJhbGciOiJSUzI1NiJ9.service-account-token.sig"
     );
+    // It is data only, as a leaf Secret's kubeconfig must be (the user's had a CA file).
+    let as_kube_reads_it = kube::config::Kubeconfig::from_yaml(&minted).unwrap();
+    relaylet::leaf_kubeconfig::check(&as_kube_reads_it)
+        .expect("a kubeconfig leaf Secrets may carry");
     // relaylet's own loader accepts it.
     relaylet::leaf::Leaf::from_kubeconfig(
         "leaf-a",

@@ -929,7 +929,8 @@ async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() 
         })
         .await;
         // Then a leaf of the same name in the second install: its Node name clashes, and it
-        // says so instead of taking the Node over.
+        // says so instead of taking the Node over (its Secret is refused: the Node is another
+        // install's).
         let mut clash = leaf_secret(&leaf);
         clash.metadata.namespace = Some("second".into());
         store.create_typed(&clash).expect("second install's secret");
@@ -939,10 +940,11 @@ async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() 
                 .metrics
                 .encode()
                 .expect("metrics")
-                .contains("relaylet_node_write_errors_total{kind=\"conflict\"} 1");
+                .contains("relaylet_leaf_secret_refusals_total{reason=\"node_not_owned\"} 1");
             refused.then_some(())
         })
         .await;
+        assert!(second.running.registry.snapshot().is_empty());
         let node = node_of(&store).expect("the first install's node is still there");
         assert_eq!(node.metadata.uid, uid, "never deleted and recreated");
         assert_eq!(

@@ -43,11 +43,9 @@ use crate::node_ports::NodePorts;
 use crate::pod_index::PodIndex;
 use node_lease::NODE_LEASE_NAMESPACE;
 
-/// Label marking Nodes relaylet owns, so it can tidy up after leaves that vanished while it was
-/// down.
-pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "relaylet");
-/// Label naming the install (its namespace) that owns a Node.
-pub const OWNER_LABEL: &str = "relaylet.io/owner";
+// Whose a Node is: one rule, shared with the leaf Secret checks.
+use crate::node_ownership::Ownership;
+pub use crate::node_ownership::{MANAGED_BY_LABEL, OWNER_LABEL};
 /// Field manager for relaylet's writes.
 const MANAGER: &str = "relaylet";
 
@@ -67,19 +65,6 @@ pub struct Controller {
     pub owner: String,
 }
 
-/// Whose a Node is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Ownership {
-    /// Labelled with this install's owner.
-    Ours,
-    /// relaylet's, from a version that wrote no owner: adopted.
-    Unclaimed,
-    /// Another relaylet install's (its owner label).
-    Install(String),
-    /// Not relaylet's at all (a real node, or another tool's).
-    Foreign,
-}
-
 /// Why a leaf's Node could not be kept.
 #[derive(Debug, thiserror::Error)]
 enum SyncError {
@@ -95,17 +80,7 @@ enum SyncError {
 
 impl Controller {
     fn ownership(&self, node: &Node) -> Ownership {
-        let labels = node.metadata.labels.clone().unwrap_or_default();
-        match labels.get(OWNER_LABEL) {
-            Some(owner) if *owner == self.owner => Ownership::Ours,
-            Some(owner) => Ownership::Install(owner.clone()),
-            None if labels.get(MANAGED_BY_LABEL.0).map(String::as_str)
-                == Some(MANAGED_BY_LABEL.1) =>
-            {
-                Ownership::Unclaimed
-            }
-            None => Ownership::Foreign,
-        }
+        crate::node_ownership::ownership(node, &self.owner)
     }
 
     /// Runs one loop per leaf, following the registry, until dropped.
