@@ -1819,6 +1819,12 @@ fn notes_say_how_to_add_a_leaf_and_what_metrics_server_needs() {
         "{text}"
     );
     assert!(text.contains("relaylet.io/root-pod-uid"), "{text}");
+    // Every leaf needs the marker policy, with the syncer's identity in its ConfigMap.
+    assert!(
+        text.contains("kubectl --context <leaf-context> apply -f deploy/leaf-marker-policy.yaml")
+            && text.contains("ConfigMap relaylet-leaf-marker-syncers"),
+        "{text}"
+    );
     assert!(text.contains("--kubelet-insecure-tls"), "{text}");
     let text = notes(&ValueSet::ci("network-policy"));
     assert!(text.contains("networkPolicy.extraKubeletFrom"), "{text}");
