@@ -38,6 +38,21 @@ pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
     }
 }
 
+/// A virtual node name a leaf Secret chooses (`relaylet.io/node-name`): `NODE_NAME_PREFIX`
+/// followed by a DNS label, the whole a DNS subdomain. Node names go into the serving
+/// certificate relaylet asks the cluster's kubelet-serving signer for (often the cluster CA
+/// itself), so a Secret writer may choose only names of relaylet's own: never
+/// `kubernetes.default.svc`, `*.example.com` or another service's name.
+pub fn check_node_name(name: &str, prefix: &str) -> Result<(), String> {
+    check_dns_subdomain(name)?;
+    match name.strip_prefix(prefix) {
+        Some(rest) if check_dns_label(rest).is_ok() => Ok(()),
+        _ => Err(format!(
+            "{name:?} must be NODE_NAME_PREFIX {prefix:?} followed by a DNS label: a node name goes into relaylet's serving certificate, so a Secret may choose only names of relaylet's own"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +79,28 @@ mod tests {
         let too_long = format!("{long}a");
         let err = check_dns_subdomain(&too_long).unwrap_err();
         assert!(err.starts_with("a name of 254 characters"), "{err}");
+    }
+
+    #[test]
+    fn node_names_are_the_prefix_and_a_label() {
+        for ok in ["relaylet-a", "relaylet-leaf-1", "relaylet-0"] {
+            assert_eq!(check_node_name(ok, "relaylet-"), Ok(()), "{ok}");
+        }
+        assert_eq!(check_node_name("vk.leaf-1", "vk."), Ok(()));
+        assert_eq!(check_node_name("anything", ""), Ok(()));
+        for bad in [
+            "",
+            "relaylet-",
+            "relaylet-a.example.com",
+            "kubernetes.default.svc",
+            "*.example.com",
+            "Relaylet-a",
+            "relaylet_a",
+            "kubernetes",
+        ] {
+            assert!(check_node_name(bad, "relaylet-").is_err(), "{bad:?}");
+        }
+        let err = check_node_name("kubernetes", "relaylet-").unwrap_err();
+        assert!(err.contains("must be NODE_NAME_PREFIX"), "{err}");
     }
 }

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
-use crate::dns::{check_dns_label, check_dns_subdomain};
+use crate::dns::{check_dns_label, check_node_name};
 use crate::leaf_names::{Claim, Reserved};
 use crate::leaf_secret_refusal::{Refusal, Reporter};
 use crate::metrics::Metrics;
@@ -449,7 +449,8 @@ impl LeafSecrets {
         check_dns_label(&leaf).map_err(|m| Refusal::Invalid(format!("label {label}: {m}")))?;
         let node = match annotation(secret, NODE_NAME_ANNOTATION) {
             Some(node) => {
-                check_dns_subdomain(node).map_err(Refusal::NodeNameInvalid)?;
+                check_node_name(node, &self.config.node_name_prefix)
+                    .map_err(Refusal::NodeNameInvalid)?;
                 node.to_string()
             }
             None => self.config.node_name(&leaf),

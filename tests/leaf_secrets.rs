@@ -275,7 +275,7 @@ fn a_node_relaylet_does_not_own_is_not_taken_over() {
         // A real worker node, not relaylet's.
         let nodes: Api<Node> = Api::all(root_client(e).await);
         let node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "real-worker", "labels": {"kubernetes.io/hostname": "real-worker"}}
+            "metadata": {"name": "relaylet-real-worker", "labels": {"kubernetes.io/hostname": "relaylet-real-worker"}}
         }))
         .unwrap();
         let before = nodes.create(&PostParams::default(), &node).await.unwrap();
@@ -293,7 +293,7 @@ fn a_node_relaylet_does_not_own_is_not_taken_over() {
         };
         relaylet_dev::sandbox::sync_pod(
             &e.sandbox.root,
-            "real-worker",
+            "relaylet-real-worker",
             &e.sandbox.leaves["leaf-1"],
             "leaf-1-node",
             &pod,
@@ -309,23 +309,25 @@ fn a_node_relaylet_does_not_own_is_not_taken_over() {
             "takes-real-worker",
             "takeover",
             &working,
-            &[("relaylet.io/node-name", "real-worker")],
+            &[("relaylet.io/node-name", "relaylet-real-worker")],
         )
         .await;
         let note = refused_or_harm(e, "takes-real-worker", async || {
             let (status, body) = kubelet_logs(e, "on-real-worker").await;
-            (status == 200).then(|| format!("real-worker's pod was routed to leaf-1: {body:?}"))
+            (status == 200).then(|| format!("relaylet-real-worker's pod was routed to leaf-1: {body:?}"))
         })
         .await;
         assert_eq!(
             note,
-            "node name \"real-worker\" is an existing Node that belongs to something other than relaylet; relaylet does not take it over"
+            "node name \"relaylet-real-worker\" is an existing Node that belongs to something other than relaylet; relaylet does not take it over"
         );
         assert!(refusals(e, "node_not_owned").await >= 1.0);
+        // Not routed: a Node in relaylet's name prefix without a registered leaf.
         let (status, body) = kubelet_logs(e, "on-real-worker").await;
-        assert_eq!(status, 404, "{body}");
-        assert!(e.sandbox.relaylet.registry.by_node("real-worker").is_none());
-        let after = nodes.get("real-worker").await.unwrap();
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("has no registered leaf cluster"), "{body}");
+        assert!(e.sandbox.relaylet.registry.by_node("relaylet-real-worker").is_none());
+        let after = nodes.get("relaylet-real-worker").await.unwrap();
         assert_eq!(after.metadata.resource_version, before.metadata.resource_version);
         assert_eq!(after.metadata.labels, before.metadata.labels);
     });
@@ -492,13 +494,13 @@ fn a_refused_claim_stays_refused_while_the_holder_exists_and_takes_over_after() 
         let working = e.sandbox.leaves["leaf-1"]
             .kubeconfig(RELAYLET_LEAF_USER, &[])
             .unwrap();
-        let shared = [("relaylet.io/node-name", "shared-node")];
+        let shared = [("relaylet.io/node-name", "relaylet-shared-node")];
         create_secret(e, "holder", "holder", &working, &shared).await;
-        wait_leaf_of(e, "shared-node", "holder").await;
+        wait_leaf_of(e, "relaylet-shared-node", "holder").await;
         // Created after "holder" (and its name sorts after it, should both share a second).
         create_secret(e, "waiting", "waiting", &working, &shared).await;
         let note = refused_or_harm(e, "waiting", async || {
-            let leaf = e.sandbox.relaylet.registry.by_node("shared-node");
+            let leaf = e.sandbox.relaylet.registry.by_node("relaylet-shared-node");
             leaf.filter(|l| l.name != "holder")
                 .map(|l| format!("shared-node was taken over by leaf {}", l.name))
         })
@@ -513,6 +515,6 @@ fn a_refused_claim_stays_refused_while_the_holder_exists_and_takes_over_after() 
             .delete("holder", &kube::api::DeleteParams::default())
             .await
             .unwrap();
-        wait_leaf_of(e, "shared-node", "waiting").await;
+        wait_leaf_of(e, "relaylet-shared-node", "waiting").await;
     });
 }
