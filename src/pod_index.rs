@@ -72,6 +72,10 @@ const LOOKUPS_PER_SECOND: f64 = 10.0;
 
 type Key = (String, String);
 
+/// What a GET said of a pod the index lacked: its node ("" when there was no such pod), its
+/// UID, and when that was learned.
+type LookedUp = (String, Option<String>, Instant);
+
 /// The index. Cheap to clone.
 #[derive(Clone)]
 pub struct PodIndex {
@@ -82,9 +86,8 @@ pub struct PodIndex {
     indexed: Arc<tokio::sync::Notify>,
     /// Virtual nodes whose pod watch has listed: their pods are all in `routes`.
     listed: Arc<RwLock<HashSet<String>>>,
-    /// The shared port's recent GETs of unindexed pods: the node each was on ("" when not
-    /// found), and when that was learned.
-    looked_up: Arc<Mutex<HashMap<Key, (String, Option<String>, Instant)>>>,
+    /// The shared port's recent GETs of unindexed pods.
+    looked_up: Arc<Mutex<HashMap<Key, LookedUp>>>,
     lookups: Arc<Mutex<crate::token_bucket::TokenBucket>>,
 }
 
