@@ -173,7 +173,10 @@ fn the_real_apiserver_stores_the_virtual_node_and_lease() {
         )
         .expect("node json");
     assert_eq!(node["status"]["addresses"][0]["type"], "InternalDNS");
-    assert_eq!(node["status"]["addresses"][0]["address"], "127.0.0.2");
+    assert_eq!(
+        node["status"]["addresses"][0]["address"],
+        w.replica_ip(0).to_string()
+    );
     assert_eq!(
         node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
             .as_u64()
@@ -280,9 +283,10 @@ subjects:
 /// The root apiserver's node proxy (`/api/v1/nodes/<node>/proxy/...`) authorizes its user for
 /// that one node, then calls the port that Node names with the apiserver's own kubelet client
 /// certificate. A virtual node's port serves only that node's pods, so a user scoped to
-/// relaylet-leaf-1 reaches nothing of relaylet-leaf-2 through it: not its pods' logs, not an
-/// exec, not by naming relaylet-leaf-2's port explicitly. Through the real root apiserver, with
-/// relaylet on a routable address (the node proxy refuses loopback).
+/// relaylet-leaf-1 reaches nothing of relaylet-leaf-2 through it: not its pods' logs, not by
+/// naming relaylet-leaf-2's port explicitly; and no exec through the proxy carries a command.
+/// Through the real root apiserver, with relaylet on a routable address (the node proxy refuses
+/// loopback).
 #[test]
 fn the_node_proxy_reaches_only_the_nodes_own_pods() {
     let w = world();
@@ -319,8 +323,9 @@ fn the_node_proxy_reaches_only_the_nodes_own_pods() {
     let (ok, _, err) = raw("/api/v1/nodes/relaylet-leaf-2/proxy/containerLogs/default/other/main");
     assert!(!ok && err.contains("Forbidden"), "{err}");
     // Naming relaylet-leaf-2's port (or the shared port) on relaylet-leaf-1: the apiserver
-    // dials it without its kubelet client certificate (its general proxy transport), and
-    // relaylet serves no caller it cannot authenticate.
+    // authorizes the name with the port ("https:relaylet-leaf-1:<port>"), which the user's
+    // role does not name; and even for an admin it dials such a port without its kubelet
+    // client certificate (its general proxy transport), which relaylet refuses.
     let port2 = w.root.kubectl_ok(&[
         "get",
         "node",
@@ -330,49 +335,57 @@ fn the_node_proxy_reaches_only_the_nodes_own_pods() {
     ]);
     let shared = w.kubelet_addr(0).port().to_string();
     for port in [port2.trim(), shared.as_str()] {
-        let (ok, out, err) = raw(&format!(
+        let path = format!(
             "/api/v1/nodes/https:relaylet-leaf-1:{port}/proxy/containerLogs/default/other/main"
-        ));
+        );
+        let (ok, out, err) = raw(&path);
         assert!(!ok && !out.contains("tick"), "port {port}: {out}{err}");
-        assert!(err.contains("Unauthorized"), "port {port}: {err}");
+        assert!(err.contains("Forbidden"), "port {port}: {err}");
+        let admin =
+            std::process::Command::new(relaylet_dev::testkit::realk8s::harness::kubectl_path())
+                .args(["get", "--raw", &path])
+                .env("KUBECONFIG", &w.root.admin_kubeconfig)
+                .output()
+                .expect("kubectl runs");
+        let (out, err) = (text(&admin.stdout), text(&admin.stderr));
+        assert!(
+            !admin.status.success() && !out.contains("tick"),
+            "admin, port {port}: {out}{err}"
+        );
+        // relaylet's 401, as kubectl words it.
+        assert!(
+            err.contains("the server has asked for the client to provide credentials"),
+            "admin, port {port}: {err}"
+        );
     }
 
-    // An exec over WebSocket is a GET: through the node proxy a `get nodes/proxy` user runs a
-    // command in the node's own pods (relaylet, like a kubelet, sees only the apiserver), but
-    // never in another node's.
+    // An exec over WebSocket is a GET, which `get nodes/proxy` passes. But the apiserver's node
+    // proxy forwards an upgrade without its query (upstream `UpgradeAwareHandler` copies only
+    // the query of plain requests), so no command reaches relaylet: the kubelet API's 400,
+    // for the node's own pod and any other alike.
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let yaml = std::fs::read_to_string(&user).expect("kubeconfig");
         let client = relaylet_dev::sandbox::kube_client(&yaml)
             .await
             .expect("client");
-        let exec = |pod: &str| {
-            http::Request::get(format!(
+        for pod in ["demo", "other"] {
+            let exec = http::Request::get(format!(
                 "{proxy}/exec/default/{pod}/main?command=echo&command=ran&output=1&error=1"
             ))
             .body(Vec::new())
-            .expect("request")
-        };
-        let mut own = client
-            .connect(exec("demo"))
-            .await
-            .expect("exec in the node's own pod through its proxy")
-            .into_stream();
-        // Channel 1 is stdout (kube-rs asks for a binary channel protocol).
-        let mut stdout = Vec::new();
-        while let Some(Ok(message)) = futures::StreamExt::next(&mut own).await {
-            if let tokio_tungstenite::tungstenite::Message::Binary(data) = message
-                && data.first() == Some(&1)
-            {
-                stdout.extend_from_slice(&data[1..]);
+            .expect("request");
+            match client.connect(exec).await {
+                Err(kube::Error::Api(status)) => {
+                    assert_eq!(status.code, 400, "{pod}: {status:?}");
+                    assert_eq!(
+                        status.message, "bad query: exec needs at least one command argument",
+                        "{pod}"
+                    );
+                }
+                Err(other) => panic!("{pod}: {other}"),
+                Ok(_) => panic!("{pod}: an exec through the node proxy was upgraded"),
             }
-        }
-        let stdout = text(&stdout);
-        assert!(stdout.contains("ran"), "{stdout}");
-        let other = client.connect(exec("other")).await;
-        match other {
-            Err(err) => assert!(err.to_string().contains("404"), "{err}"),
-            Ok(_) => panic!("exec into relaylet-leaf-2's pod through relaylet-leaf-1's proxy"),
         }
     });
 }

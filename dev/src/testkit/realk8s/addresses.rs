@@ -4,9 +4,10 @@
 //! apiserver's node proxy (`nodes/<name>/proxy/...`) refuses to dial those ("address not
 //! allowed": it proxies only to global unicast addresses), so a world that tests the node proxy
 //! gives its replicas routable ones instead: addresses from 198.18.0.0/15 (set aside for
-//! benchmarking networks, RFC 2544, so never a real host's) on a dummy network interface this
-//! process makes and removes at exit. Traffic to them stays on this machine. Interfaces left by
-//! a process that was killed are removed by the next one.
+//! benchmarking networks, RFC 2544, so never a real host's) that this process adds to the
+//! loopback interface, labelled with its pid, and removes at exit. The apiserver checks the
+//! address, not the interface, and traffic to them stays on this machine. Addresses left by a
+//! process that was killed are removed by the next one.
 
 use std::net::IpAddr;
 use std::process::Command;
@@ -15,31 +16,28 @@ use std::process::Command;
 pub enum ReplicaAddresses {
     /// 127.0.0.{i+2}.
     Loopback,
-    /// 198.18.0.0/15 addresses `base.{i+2}` on a dummy interface.
+    /// 198.18.0.0/15 addresses `base.{i+2}` on the loopback interface.
     Routable { base: [u8; 3] },
 }
 
 impl ReplicaAddresses {
-    /// Makes a dummy interface with an address for each of `replicas` (needs root).
+    /// Adds an address for each of `replicas` to the loopback interface (needs root).
     pub fn routable(replicas: usize) -> ReplicaAddresses {
-        remove_stale_links();
+        remove_stale_addresses();
         let pid = std::process::id();
-        let link = format!("rlt{pid}");
         // From the pid: concurrent test processes (other checkouts' too) use other addresses.
         let base = [198, 18 + ((pid >> 8) & 1) as u8, (pid & 0xff) as u8];
-        ip(&["link", "add", &link, "type", "dummy"]);
-        crate::testkit::run_at_exit(Box::new({
-            let link = link.clone();
-            move || {
-                let _ = Command::new("ip").args(["link", "del", &link]).status();
-            }
-        }));
         let addresses = ReplicaAddresses::Routable { base };
+        let label = format!("lo:rlt{pid}");
         for i in 0..replicas {
             let addr = format!("{}/32", addresses.ip(i));
-            ip(&["addr", "add", &addr, "dev", &link]);
+            ip(&["addr", "add", &addr, "dev", "lo", "label", &label]);
+            crate::testkit::run_at_exit(Box::new(move || {
+                let _ = Command::new("ip")
+                    .args(["addr", "del", &addr, "dev", "lo"])
+                    .status();
+            }));
         }
-        ip(&["link", "set", &link, "up"]);
         addresses
     }
 
@@ -69,24 +67,34 @@ fn ip(args: &[&str]) {
     );
 }
 
-/// Removes dummy interfaces `rlt<pid>` whose process is gone.
-fn remove_stale_links() {
+/// Removes loopback addresses labelled `lo:rlt<pid>` whose process is gone.
+fn remove_stale_addresses() {
     let Ok(out) = Command::new("ip")
-        .args(["-o", "link", "show", "type", "dummy"])
+        .args(["-o", "-4", "addr", "show", "dev", "lo"])
         .output()
     else {
         return;
     };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(name) = line.split(": ").nth(1) else {
+        // `1: lo    inet 198.18.1.2/32 scope global lo:rlt123\ ...`
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(addr) = words
+            .iter()
+            .position(|w| *w == "inet")
+            .and_then(|i| words.get(i + 1))
+        else {
             continue;
         };
-        let name = name.split('@').next().unwrap_or(name);
-        if let Some(pid) = name.strip_prefix("rlt")
-            && pid.parse::<u32>().is_ok()
-            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        {
-            let _ = Command::new("ip").args(["link", "del", name]).status();
+        let Some(pid) = words
+            .iter()
+            .find_map(|w| w.trim_end_matches('\\').strip_prefix("lo:rlt"))
+        else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip")
+                .args(["addr", "del", addr, "dev", "lo"])
+                .status();
         }
     }
 }

@@ -43,7 +43,7 @@ pub struct Setup {
     /// Wait in [`World::start`] until every virtual node is Ready (a replica whose certificate
     /// waits for approval by hand never writes one).
     pub wait_for_nodes: bool,
-    /// Give replicas routable addresses (on a dummy interface the world makes, see
+    /// Give replicas routable addresses (on the loopback interface, added by the world, see
     /// [`super::addresses`]) instead of loopback ones: the root apiserver's node proxy refuses
     /// to dial loopback ("address not allowed"). Needs root.
     pub routable_replicas: bool,
