@@ -135,7 +135,7 @@ impl Gate {
         Ok(Permit {
             gate: self.clone(),
             key: ip,
-            release: |gate, key| gate.handshakes.give(key),
+            tally: |gate| &gate.handshakes,
         })
     }
 
@@ -166,7 +166,7 @@ impl Gate {
             Some(Permit {
                 gate: self.clone(),
                 key: ip,
-                release: |gate, key| gate.unauthenticated.give(key),
+                tally: |gate| &gate.unauthenticated,
             })
         };
         Ok(ConnectionPermit {
@@ -193,7 +193,7 @@ impl Gate {
         Ok(Permit {
             gate: self.clone(),
             key: ip,
-            release: |gate, key| gate.connections.give(key),
+            tally: |gate| &gate.connections,
         })
     }
 
@@ -208,47 +208,54 @@ impl Gate {
 
     /// A permit for one more streaming session of `user`.
     pub fn session(self: &Arc<Self>, user: &str) -> Result<Permit<String>, LimitError> {
-        let key = user.to_string();
-        self.sessions
-            .take(
-                key.clone(),
-                self.limits.sessions,
-                self.limits.sessions_per_user,
-            )
-            .map_err(|over| match over {
-                Over::Total => LimitError::Sessions(self.limits.sessions),
+        let (total, per_user) = (self.limits.sessions, self.limits.sessions_per_user);
+        self.user_stream(
+            user,
+            |gate| &gate.sessions,
+            (total, per_user),
+            |over, user| match over {
+                Over::Total => LimitError::Sessions(total),
                 Over::PerKey => LimitError::SessionsPerUser {
-                    user: key.clone(),
-                    max: self.limits.sessions_per_user,
+                    user,
+                    max: per_user,
                 },
-            })?;
-        Ok(Permit {
-            gate: self.clone(),
-            key,
-            release: |gate, key| gate.sessions.give(key),
-        })
+            },
+        )
     }
 
     /// A permit for one more log stream of `user`.
     pub fn log_stream(self: &Arc<Self>, user: &str) -> Result<Permit<String>, LimitError> {
-        let key = user.to_string();
-        self.log_streams
-            .take(
-                key.clone(),
-                self.limits.log_streams,
-                self.limits.log_streams_per_user,
-            )
-            .map_err(|over| match over {
-                Over::Total => LimitError::LogStreams(self.limits.log_streams),
+        let (total, per_user) = (self.limits.log_streams, self.limits.log_streams_per_user);
+        self.user_stream(
+            user,
+            |gate| &gate.log_streams,
+            (total, per_user),
+            |over, user| match over {
+                Over::Total => LimitError::LogStreams(total),
                 Over::PerKey => LimitError::LogStreamsPerUser {
-                    user: key.clone(),
-                    max: self.limits.log_streams_per_user,
+                    user,
+                    max: per_user,
                 },
-            })?;
+            },
+        )
+    }
+
+    /// A permit from the per-user tally `tally` picks, under `(total, per_user)` caps.
+    fn user_stream(
+        self: &Arc<Self>,
+        user: &str,
+        tally: fn(&Gate) -> &Tally<String>,
+        (total, per_user): (usize, usize),
+        refusal: impl FnOnce(Over, String) -> LimitError,
+    ) -> Result<Permit<String>, LimitError> {
+        let key = user.to_string();
+        tally(self)
+            .take(key.clone(), total, per_user)
+            .map_err(|over| refusal(over, key.clone()))?;
         Ok(Permit {
             gate: self.clone(),
             key,
-            release: |gate, key| gate.log_streams.give(key),
+            tally,
         })
     }
 
@@ -274,15 +281,16 @@ impl Gate {
 }
 
 /// Given back to the gate when dropped.
-pub struct Permit<K> {
+pub struct Permit<K: Hash + Eq> {
     gate: Arc<Gate>,
     key: K,
-    release: fn(&Gate, &K),
+    /// The tally it was taken from.
+    tally: fn(&Gate) -> &Tally<K>,
 }
 
-impl<K> Drop for Permit<K> {
+impl<K: Hash + Eq> Drop for Permit<K> {
     fn drop(&mut self) {
-        (self.release)(&self.gate, &self.key);
+        (self.tally)(&self.gate).give(&self.key);
     }
 }
 

@@ -13,65 +13,23 @@
 
 use relaylet_dev::testkit as support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use relaylet_dev::sandbox::{RELAYLET_NAMESPACE, RELAYLET_ROOT_USER, Settings};
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::channel::Protocol;
 use support::{Background, RT, Run, env, kubectl_variants, ws_exec};
 
 const WITHIN: Duration = Duration::from_secs(60);
 
-/// Kills the replica if the test ends early.
-struct Replica(Child);
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_killed_relaylet_reads_as_success_to_every_kubectl() {
     let e = env(Settings::default);
-    let files = e.sandbox.files();
-    let kubeconfig = files.join("relaylet-root.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        e.sandbox
-            .root
-            .kubeconfig(RELAYLET_ROOT_USER, &[])
-            .expect("relaylet's root kubeconfig"),
-    )
-    .expect("write kubeconfig");
-    let replica = Command::new(env!("CARGO_BIN_EXE_relaylet"))
-        .env_clear()
-        .env("KUBECONFIG", &kubeconfig)
-        .env("LEAF_NODE_IP", "127.0.0.1")
-        // A process told its port by number (NODE_SERVER_PORT must be 1-65535): see
-        // relaylet_sim::ports.
-        .env(
-            "NODE_SERVER_PORT",
-            relaylet_sim::ports::free_loopback_port()
-                .expect("a free port")
-                .port()
-                .to_string(),
-        )
-        .env("PREFERRED-ADDRESS-TYPE", "InternalDNS")
-        .env("AUTH_MODE", "webhook")
-        .env("APISERVER_CERT_LOCATION", files.join("tls.crt"))
-        .env("APISERVER_KEY_LOCATION", files.join("tls.key"))
-        .env("POD_NAME", "relaylet-killed")
-        .env("POD_NAMESPACE", RELAYLET_NAMESPACE)
-        .env("METRICS_ADDR", "127.0.0.1:0")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("relaylet starts as its own process");
-    let mut replica = Replica(replica);
+    let mut replica = support::process::RelayletProcess::start(
+        e,
+        std::path::Path::new(env!("CARGO_BIN_EXE_relaylet")),
+        "relaylet-killed",
+        &[],
+    );
 
     // The in-process replica shuts down (it stops accepting at once and hands leadership
     // over); from then on every session the root apiserver opens reaches the other process.
@@ -115,8 +73,8 @@ fn a_killed_relaylet_reads_as_success_to_every_kubectl() {
     RT.block_on(ws_rx).expect("the WebSocket session runs");
 
     // SIGKILL.
-    replica.0.kill().expect("SIGKILL");
-    let _ = replica.0.wait();
+    replica.child.kill().expect("SIGKILL");
+    let _ = replica.child.wait();
 
     let mut seen = Vec::new();
     for k in kubectls {

@@ -10,10 +10,9 @@
 use relaylet_dev::testkit as support;
 
 use std::net::{IpAddr, SocketAddr};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use relaylet_dev::sandbox::{RELAYLET_NAMESPACE, RELAYLET_ROOT_USER, Settings};
+use relaylet_dev::sandbox::Settings;
 use relaylet_sim::tls::Identity;
 use support::{Env, RT, env};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,16 +51,6 @@ fn cap(env: &str) -> u32 {
 
 /// Only turns a hang into a failure; nothing is measured against it.
 const HANG: Duration = Duration::from_secs(60);
-
-/// Kills the replica when the test ends.
-struct Replica(Child);
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The memory limit (MiB) the chart renders for [`CAPS`].
 fn chart_limit_mib() -> u64 {
@@ -133,38 +122,19 @@ async fn head(tls: &mut TlsStream<TcpStream>) -> String {
 fn strangers_and_log_readers_at_their_caps_stay_under_the_charts_memory_limit() {
     let e = env(Settings::default);
     let limit_mib = chart_limit_mib();
-    let files = e.sandbox.files();
-    let kubeconfig = files.join("relaylet-memory.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        e.sandbox
-            .root
-            .kubeconfig(RELAYLET_ROOT_USER, &[])
-            .expect("relaylet's root kubeconfig"),
-    )
-    .expect("write kubeconfig");
-    let port = relaylet_sim::ports::free_loopback_port().expect("a free port");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_relaylet"));
-    command
-        .env_clear()
-        .env("KUBECONFIG", &kubeconfig)
-        .env("LEAF_NODE_IP", "127.0.0.1")
-        .env("NODE_SERVER_PORT", port.port().to_string())
-        .env("AUTH_MODE", "webhook")
-        .env("APISERVER_CERT_LOCATION", files.join("tls.crt"))
-        .env("APISERVER_KEY_LOCATION", files.join("tls.key"))
-        .env("POD_NAME", "relaylet-memory")
-        .env("POD_NAMESPACE", RELAYLET_NAMESPACE)
-        .env("METRICS_ADDR", "127.0.0.1:0")
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    for (_, var, value) in CAPS {
-        command.env(var, value.to_string());
-    }
-    let replica = Replica(command.spawn().expect("relaylet starts as its own process"));
-    let pid = replica.0.id();
+    let mut caps: Vec<(&str, String)> = CAPS
+        .iter()
+        .map(|(_, var, v)| (*var, v.to_string()))
+        .collect();
+    caps.push(("RUST_LOG", "error".to_string()));
+    let replica = support::process::RelayletProcess::start(
+        e,
+        std::path::Path::new(env!("CARGO_BIN_EXE_relaylet")),
+        "relaylet-memory",
+        &caps,
+    );
+    let pid = replica.child.id();
+    let port = replica.addr;
     let admin = e.kubelet_client_identity();
     let localhost: IpAddr = "127.0.0.1".parse().unwrap();
     const FOLLOW: &str =

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSystemInf
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::leaf_pods::{PodFacts, PodKey};
 use crate::config::ADDRESS_TYPES;
 use crate::quantity::Milli;
 
@@ -99,9 +100,9 @@ fn is_ready(node: &Node) -> bool {
 /// minus what the leaf's own running workloads request. Leaf pods that stand for root pods on
 /// this virtual node (`own_pods`, leaf namespace/name) are not subtracted: the root scheduler
 /// already counts them against this node.
-pub fn capacity(
+pub fn capacity<'a>(
     leaf_nodes: &[Node],
-    leaf_pods: &[Pod],
+    leaf_pods: impl IntoIterator<Item = (&'a PodKey, &'a PodFacts)>,
     own_pods: &HashSet<(String, String)>,
 ) -> BTreeMap<String, Quantity> {
     let usable: HashSet<&str> = leaf_nodes
@@ -118,22 +119,17 @@ pub fn capacity(
             }
         }
     }
-    for pod in leaf_pods {
-        let on_usable_node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .is_some_and(|n| usable.contains(n));
-        let key = (
-            pod.metadata.namespace.clone().unwrap_or_default(),
-            pod.metadata.name.clone().unwrap_or_default(),
-        );
-        if !on_usable_node || !is_active(pod) || own_pods.contains(&key) {
+    for ((namespace, name), pod) in leaf_pods {
+        let on_usable_node = pod.node.as_deref().is_some_and(|n| usable.contains(n));
+        if !on_usable_node
+            || !pod.active
+            || own_pods.contains(&(namespace.to_string(), name.to_string()))
+        {
             continue;
         }
-        for (resource, request) in pod_requests(pod) {
-            if let Some(slot) = total.get_mut(&resource) {
-                *slot = slot.saturating_sub(request);
+        for (resource, request) in pod.requests.iter() {
+            if let Some(slot) = total.get_mut(&**resource) {
+                *slot = slot.saturating_sub(*request);
             }
         }
         if let Some(slot) = total.get_mut("pods") {
@@ -147,7 +143,7 @@ pub fn capacity(
 }
 
 /// Pods that hold resources: not yet finished.
-fn is_active(pod: &Pod) -> bool {
+pub fn is_active(pod: &Pod) -> bool {
     !matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
@@ -548,6 +544,25 @@ mod tests {
         assert_eq!(pairs(&got), pairs_of(&[("InternalDNS", "fd00::5")]));
     }
 
+    /// [`capacity`] of whole pods, reduced to what relaylet keeps of them.
+    fn capacity_of_pods(
+        nodes: &[Node],
+        pods: &[Pod],
+        own: &HashSet<(String, String)>,
+    ) -> BTreeMap<String, Quantity> {
+        let kept: Vec<(PodKey, PodFacts)> = pods
+            .iter()
+            .map(|p| {
+                let key = (
+                    p.metadata.namespace.as_deref().unwrap_or_default().into(),
+                    p.metadata.name.as_deref().unwrap_or_default().into(),
+                );
+                (key, PodFacts::of(p))
+            })
+            .collect();
+        capacity(nodes, kept.iter().map(|(k, f)| (k, f)), own)
+    }
+
     #[test]
     fn capacity_handles_missing_partial_and_malformed_resources() {
         let mut cordoned = leaf_node("cordoned", json!([]), json!({"cpu": "32"}), true);
@@ -592,7 +607,7 @@ mod tests {
             // An unparsable request is ignored, not a panic.
             pod("odd", Some("plain"), json!({"cpu": "a lot"})),
         ];
-        let cap = capacity(&nodes, &pods, &HashSet::new());
+        let cap = capacity_of_pods(&nodes, &pods, &HashSet::new());
         assert_eq!(cap["cpu"].0, "7500m");
         assert_eq!(cap["nvidia.com/gpu"].0, "1");
         // Three pods on a leaf with room for one: never below zero.
@@ -600,7 +615,7 @@ mod tests {
         assert!(!cap.contains_key("memory"), "{cap:?}");
         assert!(!cap.contains_key("example.com/fpga"), "{cap:?}");
         // Nothing Ready: nothing offered.
-        assert!(capacity(&[], &pods, &HashSet::new()).is_empty());
+        assert!(capacity_of_pods(&[], &pods, &HashSet::new()).is_empty());
     }
 
     #[test]
@@ -642,7 +657,7 @@ mod tests {
             pod("default", "on-broken-node", "c", "2", "Running"),
         ];
         let own = HashSet::from([("default".to_string(), "mirrored".to_string())]);
-        let cap = capacity(&nodes, &pods, &own);
+        let cap = capacity_of_pods(&nodes, &pods, &own);
         assert_eq!(cap["cpu"].0, "7300m");
         assert_eq!(cap["memory"].0, (11u64 << 30).to_string());
         assert_eq!(cap["pods"].0, "219");

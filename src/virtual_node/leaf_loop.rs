@@ -135,7 +135,9 @@ impl Controller {
         let own_pods = self.pods.leaf_pods_on(&leaf.node_name, &leaf.namespaces);
         let now = Time(Timestamp::now());
         let info = desired::node_info(state.version.as_deref(), &leaf_nodes);
-        let capacity = desired::capacity(&leaf_nodes, &watch.pod_list(), &own_pods);
+        let capacity = watch
+            .pods
+            .read(|pods| desired::capacity(&leaf_nodes, pods, &own_pods));
 
         let existing = match state.node_uid {
             Some(_) => None,

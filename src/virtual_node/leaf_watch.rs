@@ -1,35 +1,38 @@
-//! A live view of one leaf cluster's nodes and pods (reflectors), plus its health and version,
-//! from which its virtual Node is computed.
+//! A live view of one leaf cluster's nodes and pods, plus its health and version, from which its
+//! virtual Node is computed. Only what the Node needs is kept: leaf nodes without their image
+//! lists, annotations and managed fields (a real node's image list alone can be tens of KiB),
+//! leaf pods as [`PodFacts`](super::leaf_pods::PodFacts).
 
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 use super::desired::{Health, schedulable_and_ready};
+use super::leaf_pods::LeafPods;
 
 /// How long a health probe of the leaf apiserver may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Reflectors over a leaf's nodes and pods; stopped when dropped.
+/// A reflector over a leaf's nodes and the compact record of its pods; stopped when dropped.
 pub struct LeafWatch {
     pub nodes: Store<Node>,
-    pub pods: Store<Pod>,
-    tasks: Vec<JoinHandle<()>>,
+    pub pods: LeafPods,
+    task: JoinHandle<()>,
 }
 
 impl LeafWatch {
     pub fn start(client: &Client) -> LeafWatch {
-        let (nodes, nodes_task) = reflect::<Node>(Api::all(client.clone()));
-        let (pods, pods_task) = reflect::<Pod>(Api::all(client.clone()));
+        let (nodes, task) = reflect_nodes(Api::all(client.clone()));
         LeafWatch {
             nodes,
-            pods,
-            tasks: vec![nodes_task, pods_task],
+            pods: LeafPods::start(client),
+            task,
         }
     }
 
@@ -41,33 +44,51 @@ impl LeafWatch {
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         nodes
     }
-
-    pub fn pod_list(&self) -> Vec<Pod> {
-        self.pods.state().iter().map(|p| (**p).clone()).collect()
-    }
 }
 
 impl Drop for LeafWatch {
     fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
+        self.task.abort();
     }
 }
 
-fn reflect<K>(api: Api<K>) -> (Store<K>, JoinHandle<()>)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+/// What the virtual Node needs of a leaf node: its name, whether it is cordoned, its addresses,
+/// allocatable, Ready condition and node info.
+fn stripped(node: Node) -> Node {
+    let status = node.status.map(|s| NodeStatus {
+        addresses: s.addresses,
+        allocatable: s.allocatable,
+        conditions: s.conditions.map(|cs| {
+            cs.into_iter()
+                .filter(|c| c.type_ == "Ready")
+                .map(|c| NodeCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    ..Default::default()
+                })
+                .collect()
+        }),
+        node_info: s.node_info,
+        ..Default::default()
+    });
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name,
+            ..Default::default()
+        },
+        spec: node.spec.map(|s| NodeSpec {
+            unschedulable: s.unschedulable,
+            ..Default::default()
+        }),
+        status,
+    }
+}
+
+fn reflect_nodes(api: Api<Node>) -> (Store<Node>, JoinHandle<()>) {
     let (reader, writer) = reflector::store();
-    let stream =
-        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let nodes = watcher(api, watcher::Config::default())
+        .modify(|node| *node = stripped(std::mem::take(node)));
+    let stream = reflector::reflector(writer, nodes).default_backoff();
     let task = tokio::spawn(async move {
         stream
             .for_each(|event| async move {
@@ -98,10 +119,11 @@ pub async fn probe(client: &Client, watch: &LeafWatch) -> Health {
     // relaylet start or new leaf), and its capacity as zero.
     let listed = async {
         watch.nodes.wait_until_ready().await?;
-        watch.pods.wait_until_ready().await
+        Ok::<bool, kube::runtime::reflector::store::WriterDropped>(watch.pods.listed().await)
     };
     match tokio::time::timeout(PROBE_TIMEOUT, listed).await {
-        Ok(Ok(())) => {}
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => return Health::Unreachable("leaf pod watch stopped".to_string()),
         Ok(Err(err)) => return Health::Unreachable(format!("leaf watch stopped: {err}")),
         Err(_) => {
             return Health::Unreachable(format!(
@@ -127,5 +149,54 @@ pub async fn version(client: &Client) -> Option<String> {
     match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
         Ok(Ok(info)) => Some(info.git_version),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_leaf_node_keeps_only_what_the_virtual_node_needs() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {
+                "name": "leaf-node-1",
+                "labels": {"kubernetes.io/hostname": "leaf-node-1"},
+                "annotations": {"example.com/big": "x".repeat(64 * 1024)},
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+            },
+            "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24"},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
+                "allocatable": {"cpu": "4"},
+                "capacity": {"cpu": "4"},
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                     "message": "kubelet is posting ready status"},
+                    {"type": "MemoryPressure", "status": "False"},
+                ],
+                "images": [{"names": ["registry.example.com/big:1"], "sizeBytes": 1}],
+                "nodeInfo": {"kubeletVersion": "v1.35.4", "architecture": "amd64",
+                    "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "",
+                    "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux",
+                    "osImage": "", "systemUUID": ""},
+            },
+        }))
+        .unwrap();
+        let kept = stripped(node.clone());
+        let expected: Node = serde_json::from_value(json!({
+            "metadata": {"name": "leaf-node-1"},
+            "spec": {"unschedulable": true},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
+                "allocatable": {"cpu": "4"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "nodeInfo": node.status.as_ref().unwrap().node_info,
+            },
+        }))
+        .unwrap();
+        assert_eq!(kept, expected);
+        assert!(schedulable_and_ready(&Node { spec: None, ..kept }));
     }
 }

@@ -15,10 +15,11 @@
 //!
 //! This file keeps the set of loops (one per registered leaf, orphans removed) and writes the
 //! Node object; `leaf_loop` is one leaf's loop, `node_lease` its Lease, `desired` what the Node
-//! should say, `leaf_watch` what the leaf says.
+//! should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods).
 
 pub mod desired;
 mod leaf_loop;
+pub mod leaf_pods;
 pub mod leaf_watch;
 mod node_lease;
 

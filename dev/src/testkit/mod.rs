@@ -4,6 +4,7 @@
 
 pub mod forwarder;
 pub mod metrics;
+pub mod process;
 pub mod realk8s;
 pub mod ws_exec;
 

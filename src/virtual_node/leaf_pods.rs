@@ -1,0 +1,267 @@
+//! What relaylet keeps of a leaf cluster's pods: for each, only what the virtual Node's capacity
+//! needs (its node, whether it still holds resources, its effective requests), never the pod
+//! itself. A leaf of 10,000 pods with large annotations, env or volumes costs what 10,000 small
+//! records cost, and the memory goes when the pods do.
+//!
+//! Kept from one watch of the leaf's pods; each event's pod is reduced to its [`PodFacts`] as it
+//! arrives, so a pod object lives only while its event is read.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::desired;
+use crate::quantity::Milli;
+
+/// A leaf pod's namespace and name.
+pub type PodKey = (Box<str>, Box<str>);
+
+/// What capacity needs of one leaf pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodFacts {
+    /// The leaf node it is bound to (shared between the pods of one node).
+    pub node: Option<Arc<str>>,
+    /// Not finished (neither Succeeded nor Failed): it still holds its requests.
+    pub active: bool,
+    /// Its effective requests as the scheduler counts them (resource names shared).
+    pub requests: Box<[(Arc<str>, Milli)]>,
+}
+
+/// A live, compact view of one leaf's pods; its watch stops when this is dropped.
+pub struct LeafPods {
+    facts: Arc<RwLock<Facts>>,
+    listed: watch::Receiver<bool>,
+    task: JoinHandle<()>,
+}
+
+/// The map, and the strings its records share.
+#[derive(Default)]
+struct Facts {
+    pods: HashMap<PodKey, PodFacts>,
+    names: HashSet<Arc<str>>,
+}
+
+impl Facts {
+    /// `name` as a shared string: every pod of a node, every `cpu` request, is one allocation.
+    fn intern(&mut self, name: &str) -> Arc<str> {
+        if let Some(known) = self.names.get(name) {
+            return known.clone();
+        }
+        let name: Arc<str> = Arc::from(name);
+        self.names.insert(name.clone());
+        name
+    }
+
+    /// What capacity needs of `pod`, its strings shared with the other records.
+    fn facts_of(&mut self, pod: &Pod) -> PodFacts {
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .map(|n| self.intern(n));
+        let requests = desired::pod_requests(pod)
+            .into_iter()
+            .map(|(resource, value)| (self.intern(&resource), value))
+            .collect();
+        PodFacts {
+            node,
+            active: desired::is_active(pod),
+            requests,
+        }
+    }
+
+    /// Lets go of memory once most of it is unused (a leaf whose pods went), and of shared
+    /// strings no record uses any more.
+    fn tidy(&mut self) {
+        let sparse = self.pods.capacity() > 64 && self.pods.len() < self.pods.capacity() / 4;
+        if sparse || self.pods.is_empty() {
+            self.pods.shrink_to_fit();
+            self.names.retain(|name| Arc::strong_count(name) > 1);
+            self.names.shrink_to_fit();
+        }
+    }
+}
+
+fn key_of(pod: &Pod) -> Option<PodKey> {
+    Some((
+        pod.metadata.namespace.as_deref()?.into(),
+        pod.metadata.name.as_deref()?.into(),
+    ))
+}
+
+impl LeafPods {
+    /// Starts watching the pods of the leaf `client` reaches.
+    pub fn start(client: &Client) -> LeafPods {
+        let facts = Arc::new(RwLock::new(Facts::default()));
+        let (listed_tx, listed) = watch::channel(false);
+        let api: Api<Pod> = Api::all(client.clone());
+        let task = tokio::spawn({
+            let facts = facts.clone();
+            async move {
+                let mut events = watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .boxed();
+                // A relist builds the map anew beside the old one, then swaps it in.
+                let mut relisting: Option<HashMap<PodKey, PodFacts>> = None;
+                while let Some(event) = events.next().await {
+                    let mut facts = facts.write().unwrap_or_else(|e| e.into_inner());
+                    match event {
+                        Ok(watcher::Event::Init) => relisting = Some(HashMap::new()),
+                        Ok(watcher::Event::InitApply(pod)) => {
+                            if let (Some(key), Some(map)) = (key_of(&pod), relisting.as_mut()) {
+                                let record = facts.facts_of(&pod);
+                                map.insert(key, record);
+                            }
+                        }
+                        Ok(watcher::Event::InitDone) => {
+                            if let Some(map) = relisting.take() {
+                                facts.pods = map;
+                                facts.names.retain(|name| Arc::strong_count(name) > 1);
+                            }
+                            listed_tx.send_replace(true);
+                        }
+                        Ok(watcher::Event::Apply(pod)) => {
+                            if let Some(key) = key_of(&pod) {
+                                let record = facts.facts_of(&pod);
+                                facts.pods.insert(key, record);
+                            }
+                        }
+                        Ok(watcher::Event::Delete(pod)) => {
+                            if let Some(key) = key_of(&pod) {
+                                facts.pods.remove(&key);
+                                facts.tidy();
+                            }
+                        }
+                        Err(err) => tracing::debug!(%err, "leaf pod watch error (retrying)"),
+                    }
+                }
+            }
+        });
+        LeafPods {
+            facts,
+            listed,
+            task,
+        }
+    }
+
+    /// Waits until the pods have been listed once.
+    pub async fn listed(&self) -> bool {
+        let mut listed = self.listed.clone();
+        listed.wait_for(|l| *l).await.is_ok()
+    }
+
+    /// `f` of the pods kept now, keyed by namespace and name (read under a lock: keep `f`
+    /// short).
+    pub fn read<T>(&self, f: impl FnOnce(&HashMap<PodKey, PodFacts>) -> T) -> T {
+        f(&self.facts.read().unwrap_or_else(|e| e.into_inner()).pods)
+    }
+}
+
+impl Drop for LeafPods {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PodFacts {
+    /// `pod`'s facts with strings of their own (tests and one-off callers; the watch shares
+    /// strings between records).
+    pub fn of(pod: &Pod) -> PodFacts {
+        Facts::default().facts_of(pod)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(annotation_bytes: usize) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "default",
+                "name": "web",
+                "annotations": {"example.com/big": "x".repeat(annotation_bytes)},
+                "labels": {"app": "web"},
+            },
+            "spec": {
+                "nodeName": "leaf-node-1",
+                "containers": [{
+                    "name": "main",
+                    "image": "registry.example.com/web:1",
+                    "env": [{"name": "BIG", "value": "y".repeat(annotation_bytes)}],
+                    "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}},
+                }],
+                "volumes": [{"name": "data", "emptyDir": {}}],
+            },
+            "status": {"phase": "Running", "podIP": "10.0.0.7"},
+        }))
+        .unwrap()
+    }
+
+    /// What a record holds on the heap besides its fixed size: its strings and requests.
+    fn heap_bytes(facts: &PodFacts) -> usize {
+        facts.node.as_ref().map_or(0, |n| n.len())
+            + facts.requests.len() * std::mem::size_of::<(Arc<str>, Milli)>()
+            + facts.requests.iter().map(|(r, _)| r.len()).sum::<usize>()
+    }
+
+    #[test]
+    fn a_pod_with_a_64_kib_annotation_costs_what_a_small_pod_costs() {
+        let small = PodFacts::of(&pod(0));
+        let big = PodFacts::of(&pod(64 * 1024));
+        assert_eq!(big, small, "only what capacity needs is kept");
+        assert_eq!(heap_bytes(&big), heap_bytes(&small));
+        // The whole record, key strings included, is far below the 1 KiB design figure.
+        let key: PodKey = ("default".into(), "web".into());
+        let total = std::mem::size_of::<(PodKey, PodFacts)>()
+            + key.0.len()
+            + key.1.len()
+            + heap_bytes(&big);
+        assert!(total < 256, "{total} bytes per pod");
+        assert_eq!(big.node.as_deref(), Some("leaf-node-1"));
+        assert!(big.active);
+        assert_eq!(
+            big.requests
+                .iter()
+                .map(|(r, v)| (r.to_string(), *v))
+                .collect::<Vec<_>>(),
+            [
+                ("cpu".to_string(), Milli(250)),
+                ("memory".to_string(), Milli(64 * 1024 * 1024 * 1000)),
+            ]
+        );
+    }
+
+    #[test]
+    fn records_share_node_and_resource_names_and_give_memory_back() {
+        let mut facts = Facts::default();
+        for i in 0..1000 {
+            let mut p = pod(0);
+            p.metadata.name = Some(format!("web-{i}"));
+            let record = facts.facts_of(&p);
+            facts.pods.insert(key_of(&p).unwrap(), record);
+        }
+        // One node name and two resource names, however many pods.
+        assert_eq!(facts.names.len(), 3);
+        let grown = facts.pods.capacity();
+        for i in 0..1000 {
+            facts
+                .pods
+                .remove(&("default".into(), format!("web-{i}").into()));
+            facts.tidy();
+        }
+        assert!(
+            facts.pods.capacity() < grown / 4,
+            "{} of {grown}",
+            facts.pods.capacity()
+        );
+        assert!(facts.names.is_empty(), "names no record uses are let go");
+    }
+}
