@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSystemInfo, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSystemInfo, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -140,52 +140,6 @@ pub fn capacity<'a>(
         .into_iter()
         .map(|(k, v)| (k, Quantity(v.to_string())))
         .collect()
-}
-
-/// Pods that hold resources: not yet finished.
-pub fn is_active(pod: &Pod) -> bool {
-    !matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-/// A pod's effective requests as the scheduler counts them: the larger of the sum over its
-/// containers and the largest init container, plus pod overhead.
-pub fn pod_requests(pod: &Pod) -> BTreeMap<String, Milli> {
-    let mut sum: BTreeMap<String, Milli> = BTreeMap::new();
-    let Some(spec) = pod.spec.as_ref() else {
-        return sum;
-    };
-    let requests_of = |c: &k8s_openapi::api::core::v1::Container| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.requests.clone())
-            .unwrap_or_default()
-    };
-    for container in &spec.containers {
-        for (resource, q) in requests_of(container) {
-            if let Ok(v) = Milli::parse(&q.0) {
-                *sum.entry(resource).or_default() += v;
-            }
-        }
-    }
-    for init in spec.init_containers.iter().flatten() {
-        for (resource, q) in requests_of(init) {
-            if let Ok(v) = Milli::parse(&q.0) {
-                let slot = sum.entry(resource).or_default();
-                if v > *slot {
-                    *slot = v;
-                }
-            }
-        }
-    }
-    for (resource, q) in spec.overhead.iter().flatten() {
-        if let Ok(v) = Milli::parse(&q.0) {
-            *sum.entry(resource.clone()).or_default() += v;
-        }
-    }
-    sum
 }
 
 /// What relaylet knows about a leaf's health right now.
@@ -327,6 +281,7 @@ pub fn labels(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
     fn node(json: serde_json::Value) -> Node {
@@ -661,25 +616,6 @@ mod tests {
         assert_eq!(cap["cpu"].0, "7300m");
         assert_eq!(cap["memory"].0, (11u64 << 30).to_string());
         assert_eq!(cap["pods"].0, "219");
-    }
-
-    #[test]
-    fn init_containers_and_overhead_count_like_the_scheduler() {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p"},
-            "spec": {
-                "containers": [
-                    {"name": "a", "resources": {"requests": {"cpu": "100m"}}},
-                    {"name": "b", "resources": {"requests": {"cpu": "200m"}}}
-                ],
-                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}],
-                "overhead": {"cpu": "50m"}
-            }
-        }))
-        .unwrap();
-        let r = pod_requests(&pod);
-        assert_eq!(r["cpu"], Milli(1050));
-        assert_eq!(r["memory"], Milli::parse("64Mi").unwrap());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Kept from one watch of the leaf's pods; each event's pod is reduced to its [`PodFacts`] as it
 //! arrives, so a pod object lives only while its event is read.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
@@ -16,7 +16,6 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::desired;
 use crate::quantity::Milli;
 
 /// A leaf pod's namespace and name.
@@ -65,13 +64,13 @@ impl Facts {
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .map(|n| self.intern(n));
-        let requests = desired::pod_requests(pod)
+        let requests = pod_requests(pod)
             .into_iter()
             .map(|(resource, value)| (self.intern(&resource), value))
             .collect();
         PodFacts {
             node,
-            active: desired::is_active(pod),
+            active: is_active(pod),
             requests,
         }
     }
@@ -86,6 +85,52 @@ impl Facts {
             self.names.shrink_to_fit();
         }
     }
+}
+
+/// Pods that hold resources: not yet finished.
+pub fn is_active(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// A pod's effective requests as the scheduler counts them: the larger of the sum over its
+/// containers and the largest init container, plus pod overhead.
+pub fn pod_requests(pod: &Pod) -> BTreeMap<String, Milli> {
+    let mut sum: BTreeMap<String, Milli> = BTreeMap::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return sum;
+    };
+    let requests_of = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.clone())
+            .unwrap_or_default()
+    };
+    for container in &spec.containers {
+        for (resource, q) in requests_of(container) {
+            if let Ok(v) = Milli::parse(&q.0) {
+                *sum.entry(resource).or_default() += v;
+            }
+        }
+    }
+    for init in spec.init_containers.iter().flatten() {
+        for (resource, q) in requests_of(init) {
+            if let Ok(v) = Milli::parse(&q.0) {
+                let slot = sum.entry(resource).or_default();
+                if v > *slot {
+                    *slot = v;
+                }
+            }
+        }
+    }
+    for (resource, q) in spec.overhead.iter().flatten() {
+        if let Ok(v) = Milli::parse(&q.0) {
+            *sum.entry(resource.clone()).or_default() += v;
+        }
+    }
+    sum
 }
 
 fn key_of(pod: &Pod) -> Option<PodKey> {
@@ -237,6 +282,25 @@ mod tests {
                 ("memory".to_string(), Milli(64 * 1024 * 1024 * 1000)),
             ]
         );
+    }
+
+    #[test]
+    fn init_containers_and_overhead_count_like_the_scheduler() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "100m"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "200m"}}}
+                ],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}],
+                "overhead": {"cpu": "50m"}
+            }
+        }))
+        .unwrap();
+        let r = pod_requests(&pod);
+        assert_eq!(r["cpu"], Milli(1050));
+        assert_eq!(r["memory"], Milli::parse("64Mi").unwrap());
     }
 
     #[test]
