@@ -110,6 +110,16 @@ pub enum LeafError {
     },
 }
 
+impl LeafError {
+    /// The error of leaf `leaf`'s unusable kubeconfig.
+    fn kubeconfig(leaf: &str) -> impl FnOnce(kube::config::KubeconfigError) -> LeafError + '_ {
+        move |source| LeafError::Kubeconfig {
+            leaf: leaf.to_string(),
+            source,
+        }
+    }
+}
+
 impl Leaf {
     /// Builds a leaf's clients from kubeconfig text; its stream connections are counted in
     /// `metrics`, and with `spare` one is kept dialed ahead of the next session.
@@ -120,11 +130,8 @@ impl Leaf {
         metrics: &Metrics,
         spare: bool,
     ) -> Result<Leaf, LeafError> {
-        let kubeconfig_err = |source| LeafError::Kubeconfig {
-            leaf: name.to_string(),
-            source,
-        };
-        let kubeconfig = Kubeconfig::from_yaml(kubeconfig_yaml).map_err(kubeconfig_err)?;
+        let kubeconfig =
+            Kubeconfig::from_yaml(kubeconfig_yaml).map_err(LeafError::kubeconfig(name))?;
         Leaf::from_parsed(name, node_name, kubeconfig, metrics, spare).await
     }
 
@@ -137,14 +144,10 @@ impl Leaf {
         metrics: &Metrics,
         spare: bool,
     ) -> Result<Leaf, LeafError> {
-        let kubeconfig_err = |source| LeafError::Kubeconfig {
-            leaf: name.to_string(),
-            source,
-        };
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
-                .map_err(kubeconfig_err)?;
+                .map_err(LeafError::kubeconfig(name))?;
         let client_err = |source| LeafError::Client {
             leaf: name.to_string(),
             source,
