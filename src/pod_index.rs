@@ -74,9 +74,9 @@ const LOOKUPS_PER_SECOND: f64 = 50.0;
 
 type Key = (String, String);
 
-/// What a GET said of a pod the index lacked: its node ("" when there was no such pod), its
-/// UID, and when that was learned.
-type LookedUp = (String, Option<String>, Instant);
+/// What a GET said of a pod the index lacked (its node, "" while unbound; `None` when there was
+/// no such pod), and when that was learned.
+type LookedUp = (Option<PodRoute>, Instant);
 
 /// The index. Cheap to clone.
 #[derive(Clone)]
@@ -115,25 +115,21 @@ impl PodIndex {
         if let Some(route) = self.indexed_route(&key) {
             return Ok(route);
         }
-        let (node, uid) = self.look_up(&key).await?;
-        let not_found = || RouteError::NotFound {
-            namespace: namespace.to_string(),
-            pod: pod.to_string(),
-        };
-        if node.is_empty() && uid.is_none() {
-            return Err(not_found());
-        }
-        if self.registry.by_node(&node).is_none() {
+        let route = self
+            .look_up(&key)
+            .await?
+            .ok_or_else(|| RouteError::NotFound {
+                namespace: namespace.to_string(),
+                pod: pod.to_string(),
+            })?;
+        if self.registry.by_node(&route.node_name).is_none() {
             return Err(RouteError::NotOnVirtualNode {
                 namespace: namespace.to_string(),
                 pod: pod.to_string(),
-                node,
+                node: route.node_name,
             });
         }
-        Ok(PodRoute {
-            node_name: node,
-            uid,
-        })
+        Ok(route)
     }
 
     /// Where requests for root pod `namespace/pod` go if it is on virtual node `node`: from the
@@ -176,15 +172,15 @@ impl PodIndex {
             .cloned()
     }
 
-    /// The node and UID of a pod the index lacks ("" and `None` when there is no such pod),
-    /// from a GET remembered for [`LOOKUP_TTL`] and drawn from a budget.
-    async fn look_up(&self, key: &Key) -> Result<(String, Option<String>), RouteError> {
+    /// The node and UID of a pod the index lacks (`None` when there is no such pod), from a GET
+    /// remembered for [`LOOKUP_TTL`] and drawn from a budget.
+    async fn look_up(&self, key: &Key) -> Result<Option<PodRoute>, RouteError> {
         let now = Instant::now();
         {
             let mut looked_up = self.looked_up.lock().unwrap_or_else(|e| e.into_inner());
-            looked_up.retain(|_, (_, _, at)| now.duration_since(*at) < LOOKUP_TTL);
-            if let Some((node, uid, _)) = looked_up.get(key) {
-                return Ok((node.clone(), uid.clone()));
+            looked_up.retain(|_, (_, at)| now.duration_since(*at) < LOOKUP_TTL);
+            if let Some((route, _)) = looked_up.get(key) {
+                return Ok(route.clone());
             }
         }
         let (namespace, pod) = key;
@@ -205,28 +201,31 @@ impl PodIndex {
             pod: pod.clone(),
             source,
         })?;
-        let answer = found
-            .map(|p| {
-                let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
-                (node, p.metadata.uid)
-            })
-            .unwrap_or_default();
+        let answer = found.map(|p| PodRoute {
+            node_name: p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+            uid: p.metadata.uid,
+        });
         let mut looked_up = self.looked_up.lock().unwrap_or_else(|e| e.into_inner());
         if looked_up.len() >= LOOKUP_LIMIT {
             looked_up.clear();
         }
-        looked_up.insert(key.clone(), (answer.0.clone(), answer.1.clone(), now));
+        looked_up.insert(key.clone(), (answer.clone(), now));
         Ok(answer)
     }
 
     /// The leaf pods (leaf namespace, leaf name) that stand for root pods on virtual node `node`,
-    /// whose leaf maps namespaces with `namespaces`.
-    pub fn leaf_pods_on(&self, node: &str, namespaces: &NamespaceMap) -> HashSet<(String, String)> {
+    /// whose leaf maps namespaces with `namespaces`. Keyed as the leaf's pod records are (`virtual_node::leaf_pods::PodKey`), so capacity
+    /// looks each leaf pod up without making strings.
+    pub fn leaf_pods_on(
+        &self,
+        node: &str,
+        namespaces: &NamespaceMap,
+    ) -> HashSet<(Box<str>, Box<str>)> {
         read(&self.routes)
             .iter()
             .filter(|(_, r)| r.node_name == node)
             .filter_map(|((ns, name), _)| {
-                Some((namespaces.leaf_namespace(ns)?.to_string(), name.clone()))
+                Some((namespaces.leaf_namespace(ns)?.into(), name.as_str().into()))
             })
             .collect()
     }

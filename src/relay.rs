@@ -65,15 +65,15 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Relays `req` to `path` (path and query) on `leaf`. A streaming session holds `permit`
-    /// until its splice ends. `info` describes the call for the session log lines and metrics.
+    /// Relays `req` to `path` (path and query) on `leaf`. The session holds `permit` (its place
+    /// under the caps) until its splice or log stream ends. `info` describes the call for the session log lines and metrics.
     pub async fn forward(
         &self,
         req: Request<Body>,
         info: SessionInfo,
         leaf: Arc<Leaf>,
         path: String,
-        permit: Option<Permit<String>>,
+        permit: Permit<String>,
     ) -> Response {
         let streaming = info.kind.is_streaming();
         let session = Session::start(info, &self.metrics, &self.open, permit);

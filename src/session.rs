@@ -107,7 +107,7 @@ pub struct Session {
     to_client: u64,
     _open: SessionGuard,
     /// A streaming session's place under the caps (`limits::Gate`), released with it.
-    _permit: Option<Permit<String>>,
+    _permit: Permit<String>,
 }
 
 impl Session {
@@ -116,7 +116,7 @@ impl Session {
         info: SessionInfo,
         metrics: &Metrics,
         open: &OpenSessions,
-        permit: Option<Permit<String>>,
+        permit: Permit<String>,
     ) -> Session {
         let active = metrics
             .sessions_active

@@ -131,7 +131,7 @@ pub(super) async fn call(
     Ok(async move {
         server
             .relay
-            .forward(req.map(Body::new), info, leaf, path, Some(permit))
+            .forward(req.map(Body::new), info, leaf, path, permit)
             .await
     }
     .instrument(span)

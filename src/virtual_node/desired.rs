@@ -103,7 +103,7 @@ fn is_ready(node: &Node) -> bool {
 pub fn capacity<'a>(
     leaf_nodes: &[Node],
     leaf_pods: impl IntoIterator<Item = (&'a PodKey, &'a PodFacts)>,
-    own_pods: &HashSet<(String, String)>,
+    own_pods: &HashSet<PodKey>,
 ) -> BTreeMap<String, Quantity> {
     let usable: HashSet<&str> = leaf_nodes
         .iter()
@@ -119,12 +119,9 @@ pub fn capacity<'a>(
             }
         }
     }
-    for ((namespace, name), pod) in leaf_pods {
+    for (key, pod) in leaf_pods {
         let on_usable_node = pod.node.as_deref().is_some_and(|n| usable.contains(n));
-        if !on_usable_node
-            || !pod.active
-            || own_pods.contains(&(namespace.to_string(), name.to_string()))
-        {
+        if !on_usable_node || !pod.active || own_pods.contains(key) {
             continue;
         }
         for (resource, request) in pod.requests.iter() {
@@ -503,7 +500,7 @@ mod tests {
     fn capacity_of_pods(
         nodes: &[Node],
         pods: &[Pod],
-        own: &HashSet<(String, String)>,
+        own: &HashSet<PodKey>,
     ) -> BTreeMap<String, Quantity> {
         let kept: Vec<(PodKey, PodFacts)> = pods
             .iter()
@@ -611,7 +608,7 @@ mod tests {
             pod("default", "done", "b", "2", "Succeeded"),
             pod("default", "on-broken-node", "c", "2", "Running"),
         ];
-        let own = HashSet::from([("default".to_string(), "mirrored".to_string())]);
+        let own = HashSet::from([("default".into(), "mirrored".into())]);
         let cap = capacity_of_pods(&nodes, &pods, &own);
         assert_eq!(cap["cpu"].0, "7300m");
         assert_eq!(cap["memory"].0, (11u64 << 30).to_string());
