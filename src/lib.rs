@@ -33,6 +33,7 @@ pub mod pod_index;
 pub mod quantity;
 pub mod read_ahead;
 pub mod relay;
+pub mod replicas;
 pub mod resource_metrics;
 pub mod self_signed;
 pub mod serving_csr;
@@ -102,6 +103,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     spawn_until(&shutdown, pods.clone().run());
     let csr = request_serving_certificate(&config, &root, &registry, &metrics, &shutdown);
     let leadership = elect_leader(&config, &root, &metrics, &shutdown, csr.clone());
+    let replicas = join_replicas(&config, &root, &shutdown, csr.clone(), leadership.clone());
     spawn_until(&shutdown, health.clone().probe(root.clone()));
     // Bound before the node listeners, which take the free ports above it (NODE_SERVER_PORT=0
     // takes any free one).
@@ -116,12 +118,16 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         registry: registry.clone(),
         pods: pods.clone(),
         leadership: leadership.clone(),
+        replicas,
+        assignment: tokio::sync::watch::Sender::new(Default::default()),
+        served: tokio::sync::watch::Sender::new(Default::default()),
         node_ports: node_ports.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
         owner: owner(&config, &root),
     });
-    spawn_until(&shutdown, controller.run());
+    spawn_until(&shutdown, controller.clone().run());
+    tokio::spawn(hand_over(controller, shutdown.clone()));
     let parts = NodeServers {
         csr,
         config,
@@ -246,6 +252,58 @@ fn request_serving_certificate(
     Some(cert)
 }
 
+/// Shutting down: once `hand_over` fires, waits until the other replicas write this one's
+/// virtual nodes (at most `HANDOVER_LIMIT`), then fires `begin` (stop accepting). `begin` fired
+/// by anyone else hands over too.
+async fn hand_over(controller: Arc<virtual_node::Controller>, shutdown: Shutdown) {
+    tokio::select! {
+        _ = shutdown.hand_over.cancelled() => {
+            let handed = tokio::time::timeout(shutdown::HANDOVER_LIMIT, controller.handed_over()).await;
+            match handed {
+                // A request the root apiserver routed by the old address just before the new
+                // writer's update is still on its way here: a moment to arrive.
+                Ok(()) => tokio::time::sleep(shutdown::HANDOVER_SETTLE).await,
+                Err(_) => tracing::warn!(
+                    nodes = controller.served.borrow().len(),
+                    "no other replica took this one's virtual nodes in time: stopping anyway"
+                ),
+            }
+        }
+        _ = shutdown.begin.cancelled() => {}
+    }
+    shutdown.hand_over.cancel();
+    shutdown.begin.cancel();
+}
+
+/// The future a replica waits for before it takes part in elections: with a CSR-issued
+/// serving certificate, its issue (no replica advertises an address it cannot serve TLS on).
+async fn eligible(csr: Option<Arc<serving_csr::CsrCert>>) {
+    if let Some(cert) = csr {
+        cert.ready().await;
+    }
+}
+
+/// Joins the replicas that share the virtual nodes (alone with `LEADER_ELECT=false`).
+fn join_replicas(
+    config: &Config,
+    root: &Client,
+    shutdown: &Shutdown,
+    csr: Option<Arc<serving_csr::CsrCert>>,
+    leadership: leader::Leadership,
+) -> replicas::Replicas {
+    if !config.leader_elect {
+        return replicas::Replicas::alone(config.replica_name(), eligible(csr));
+    }
+    replicas::Replicas::join(
+        root.clone(),
+        &owner(config, root),
+        config.replica_name(),
+        eligible(csr),
+        leadership,
+        shutdown.hand_over.clone(),
+    )
+}
+
 /// Takes part in leader election (or leads alone with `LEADER_ELECT=false`), and keeps the
 /// leader gauge up to date. With a CSR-issued certificate, only once it is issued.
 fn elect_leader(
@@ -255,11 +313,7 @@ fn elect_leader(
     shutdown: &Shutdown,
     csr: Option<Arc<serving_csr::CsrCert>>,
 ) -> leader::Leadership {
-    let eligible = async move {
-        if let Some(cert) = csr {
-            cert.ready().await;
-        }
-    };
+    let eligible = eligible(csr);
     let leadership = if config.leader_elect {
         let namespace = config
             .pod_namespace
@@ -271,7 +325,7 @@ fn elect_leader(
             LEADER_LEASE,
             config.replica_name(),
             eligible,
-            shutdown.begin.clone(),
+            shutdown.hand_over.clone(),
         )
     } else if matches!(config.serving_cert, ServingCert::Csr(_)) {
         leader::Leadership::once(eligible)

@@ -71,6 +71,11 @@ pub struct Metrics {
     pub csr_approver_decisions: Family<OneLabel, Counter>,
     /// Leaf Secrets refused (never registered), by `reason` (see `leaf_secret_refusal`).
     pub leaf_secret_refusals: Family<OneLabel, Counter>,
+    /// Virtual nodes this replica writes now (their Node's `relaylet.io/served-by`).
+    pub virtual_nodes_served: Gauge,
+    /// Virtual nodes this replica took over (created, taken from a replica gone, or handed
+    /// back to it).
+    pub virtual_node_takeovers: Counter,
 }
 
 impl Default for Metrics {
@@ -193,8 +198,22 @@ impl Metrics {
             "Leaf Secrets refused and not registered, by reason (exec_plugin, token_file, node_name_taken, ...); the Secret's Warning Event says which",
             leaf_secret_refusals.clone(),
         );
+        let virtual_nodes_served = Gauge::default();
+        registry.register(
+            "virtual_nodes_served",
+            "Virtual nodes this replica writes now (each Node names its replica in relaylet.io/served-by; the root apiserver sends that node's sessions there)",
+            virtual_nodes_served.clone(),
+        );
+        let virtual_node_takeovers = Counter::default();
+        registry.register(
+            "virtual_node_takeovers",
+            "Virtual nodes this replica took over: created, taken from a replica gone, or handed back to it",
+            virtual_node_takeovers.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
+            virtual_nodes_served,
+            virtual_node_takeovers,
             leaf_secret_refusals,
             serving_cert_pending,
             serving_cert_issued,

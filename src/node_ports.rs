@@ -13,9 +13,9 @@
 //! proxy calls the port a Node names with its own, all-powerful identity on behalf of a user who
 //! was authorized for that node alone.
 //!
-//! Ports are taken from `NODE_SERVER_PORT + 1` upwards, the first free one for each node. Only
-//! the leader's ports matter (the leader's IP is the node address it writes); a new leader writes
-//! its own ports together with its address.
+//! Ports are taken from `NODE_SERVER_PORT + 1` upwards, the first free one for each node, so
+//! they may differ between replicas: the replica that writes a Node writes its own port together
+//! with its own address.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};

@@ -10,8 +10,9 @@
 //! Renewal starts once 80% of the validity has passed (or `SERVING_CERT_RENEW_BEFORE` is left)
 //! and swaps the certificate for new handshakes only: open connections keep theirs.
 //!
-//! Until the first certificate arrives the replica is not ready (the reason names the CSR) and
-//! does not stand for leader, so no Node ever points at an address without a valid certificate.
+//! Until the first certificate arrives the replica is not ready (the reason names the CSR),
+//! does not stand for leader and does not join the replicas that write Nodes, so no Node ever
+//! points at an address without a valid certificate.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -1,4 +1,6 @@
-//! Shutdown signals: SIGTERM or Ctrl-C stop accepting at once (and give up leadership); open
+//! Shutdown signals: SIGTERM or Ctrl-C first hand this replica's virtual nodes to the other
+//! replicas (still accepting, since the root apiserver sends a node's new sessions here until
+//! its Node names another replica; at most [`HANDOVER_LIMIT`]), then stop accepting; open
 //! sessions get a grace period (`SHUTDOWN_GRACE_PERIOD`), then are cut, an exec or attach with
 //! `relaylet: shutting down` on its error stream, so no client mistakes the cut for success
 //! (see `splice.rs` and `frames` for why a plain close or reset would lie).
@@ -16,9 +18,19 @@ use tokio_util::sync::CancellationToken;
 /// on. The splice bounds its ending well within it (`splice.rs`).
 const CUT_SETTLE: Duration = Duration::from_secs(2);
 
-/// The two stages of shutting down, and the sessions still open.
+/// How long a replica shutting down waits for the others to take its virtual nodes before it
+/// stops accepting anyway (a peer takes a released node within two of its 2 s rounds).
+pub const HANDOVER_LIMIT: Duration = Duration::from_secs(8);
+/// After the hand-over, how long a replica still accepts the requests the root apiserver
+/// routed by its old Node address an instant before the new writer's update.
+pub const HANDOVER_SETTLE: Duration = Duration::from_secs(1);
+
+/// The three stages of shutting down, and the sessions still open.
 #[derive(Clone, Debug, Default)]
 pub struct Shutdown {
+    /// Fires first: hand the virtual nodes over (give up presence and leadership), still
+    /// accepting. Whoever handed over fires `begin` (`lib::start`); `begin` implies it.
+    pub hand_over: CancellationToken,
     /// Fires when relaylet must stop accepting new work.
     pub begin: CancellationToken,
     /// Fires when open sessions must end.
@@ -98,19 +110,29 @@ impl Shutdown {
         let _ = tokio::time::timeout(CUT_SETTLE, self.open.idle()).await;
     }
 
-    /// Waits for SIGTERM or Ctrl-C, then fires `begin`, and `sessions` after `grace`.
+    /// Waits for SIGTERM or Ctrl-C, then [`Shutdown::terminate`]s.
     pub fn on_signals(&self, grace: Duration) {
         let this = self.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
-            tracing::info!(grace = ?grace, "shutting down: no new sessions; open ones get the grace period");
-            this.begin.cancel();
-            tokio::select! {
-                _ = tokio::time::sleep(grace) => {}
-                _ = this.sessions.cancelled() => {}
-            }
-            this.sessions.cancel();
+            this.terminate(grace).await;
         });
+    }
+
+    /// What SIGTERM does: fires `hand_over`, waits (at most [`HANDOVER_LIMIT`]) for `begin`,
+    /// fires it, and `sessions` after `grace`.
+    pub async fn terminate(&self, grace: Duration) {
+        tracing::info!("shutting down: handing virtual nodes to the other replicas");
+        self.hand_over.cancel();
+        let _ =
+            tokio::time::timeout(HANDOVER_LIMIT + HANDOVER_SETTLE, self.begin.cancelled()).await;
+        tracing::info!(grace = ?grace, "shutting down: no new sessions; open ones get the grace period");
+        self.begin.cancel();
+        tokio::select! {
+            _ = tokio::time::sleep(grace) => {}
+            _ = self.sessions.cancelled() => {}
+        }
+        self.sessions.cancel();
     }
 }
 

@@ -573,19 +573,13 @@ fn expected_permissions(
         &["get", "create", "patch", "delete"],
     ));
     if leader {
+        // The leader Lease and one presence Lease per replica (named after its pod).
         g.extend(grant(
             NAMESPACE,
             "coordination.k8s.io",
             "leases",
             "",
-            &["create"],
-        ));
-        g.extend(grant(
-            NAMESPACE,
-            "coordination.k8s.io",
-            "leases",
-            "relaylet-leader",
-            &["get", "update"],
+            &["create", "get", "list", "update", "delete"],
         ));
     }
     g.extend(grant(leaf_ns, "", "secrets", "", &["list", "watch"]));
@@ -759,9 +753,10 @@ fn check_invariants(r: &Rendered, set: &str) {
         .and_then(|g| g.parse().ok())
         .unwrap_or_else(|| panic!("{set}: SHUTDOWN_GRACE_PERIOD in seconds"));
     let termination = pod.termination_grace_period_seconds.unwrap_or(30) as u64;
+    // The hand-over of the virtual nodes (at most 9 s) comes before the grace period.
     assert!(
-        grace < termination,
-        "{set}: grace {grace}s < termination {termination}s"
+        grace + 20 <= termination,
+        "{set}: hand-over, grace {grace}s and settling within termination {termination}s"
     );
 
     // Mounts and volumes match; every file relaylet is told to read is in a mounted volume.

@@ -8,7 +8,7 @@
 //! - the control: the same apiserver refuses relaylet's self-signed certificate
 //!   (`servingCert.mode=generate`) with its x509 error;
 //! - relaylet's own approver (`servingCert.csr.approver=true`), replicas as Pods with bound
-//!   tokens: renewal under an open session, a CSR for a foreign IP left pending, and a leader
+//!   tokens: renewal under an open session, a CSR for a foreign IP left pending, and a replica
 //!   failover without one x509 error.
 //!
 //! Each test builds its own clusters; they take turns.
@@ -234,7 +234,7 @@ fn csr_mode_approved_by_hand_passes_a_verifying_apiserver() {
         metric(&w, 0, "relaylet_serving_certificate_csr_pending", &[]),
         1.0
     );
-    // No leader without a certificate: no Node points at an address that would fail TLS.
+    // No presence without a certificate: no Node points at an address that would fail TLS.
     let nodes = w.root.kubectl_ok(&["get", "nodes", "-o", "name"]);
     assert!(!nodes.contains(VIRTUAL_NODE), "{nodes}");
 
@@ -326,8 +326,8 @@ fn generate_mode_fails_against_a_verifying_apiserver_with_its_x509_error() {
 /// relaylet's approver, two replicas as Pods with bound tokens and certificates renewed every
 /// few seconds (10-minute certificates renewed 597 s before they end): a session open across a
 /// renewal goes on, new connections get the new certificate, a CSR made with relaylet's own
-/// token for an IP that is not its pod's stays pending, and a leader failover shows no x509
-/// error.
+/// token for an IP that is not its pod's stays pending, and a failover of the Node's replica
+/// shows no x509 error.
 #[test]
 fn the_approver_renewal_and_failover_in_csr_mode() {
     let _turn = turn();
@@ -349,8 +349,8 @@ fn the_approver_renewal_and_failover_in_csr_mode() {
             (readyz(&w, i).status == 200).then_some(())
         });
     }
-    let leader = w.leader();
-    let standby = 1 - leader;
+    let writer = w.writer_of(VIRTUAL_NODE);
+    let standby = 1 - writer;
 
     // Renewal under an open session: the pod waits for a file the test makes after it.
     let go = w.dir.path().join("go");
@@ -371,23 +371,23 @@ fn the_approver_renewal_and_failover_in_csr_mode() {
         session.next_line(Duration::from_secs(60)).as_deref(),
         Some("start")
     );
-    let before = served_certificate(&w, leader);
+    let before = served_certificate(&w, writer);
     let issued = metric(
         &w,
-        leader,
+        writer,
         "relaylet_serving_certificates_issued_total",
         &[],
     );
-    eventually("the leader renews its certificate", || {
+    eventually("the Node's replica renews its certificate", || {
         (metric(
             &w,
-            leader,
+            writer,
             "relaylet_serving_certificates_issued_total",
             &[],
         ) > issued)
             .then_some(())
     });
-    let after = served_certificate(&w, leader);
+    let after = served_certificate(&w, writer);
     assert_ne!(before, after, "new connections get the renewed certificate");
     std::fs::write(&go, "").expect("go file");
     let ended = session.finish(Duration::from_secs(60));
@@ -434,10 +434,10 @@ fn the_approver_renewal_and_failover_in_csr_mode() {
         ""
     );
 
-    // Failover: the standby has its own certificate before it may lead.
+    // Failover: the standby has its own certificate before it may write the Node.
     assert_eq!(readyz(&w, standby).status, 200);
     let standby_ip = w.replica_ip(standby).to_string();
-    w.stop_replica(leader);
+    w.stop_replica(writer);
     let mut failures = Vec::new();
     let mut moved_and_worked = 0;
     for _ in 0..600 {

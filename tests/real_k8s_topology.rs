@@ -1,6 +1,6 @@
 //! relaylet against real Kubernetes where the tests change the clusters themselves: the root
-//! apiserver's address order (kubeadm's, then upstream's default), a leader replica stopped
-//! (failover), a leaf apiserver stopped and restarted, and the idle timeout. relaylet runs two
+//! apiserver's address order (kubeadm's, then upstream's default), the replica that writes the
+//! virtual Node stopped (failover), a leaf apiserver stopped and restarted, and the idle timeout. relaylet runs two
 //! replicas advertising `InternalIP`, as a kubeadm cluster needs. The tests change shared
 //! state, so they take turns.
 
@@ -68,21 +68,17 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     panic!("{what}: never happened");
 }
 
-/// Under kubeadm's order the root dials the leader's InternalIP (relaylet's address comes
+/// Under kubeadm's order the root dials the writing replica's InternalIP (relaylet's address comes
 /// first; the leaf node's InternalIP, where nothing of relaylet listens, second); under
 /// upstream's default order, which puts Hostname and InternalDNS first, relaylet's InternalIP
 /// still wins because no leaf address of those types is copied to the Node.
 #[test]
 fn the_root_dials_relaylet_under_kubeadms_and_upstreams_address_order() {
     let mut w = world();
-    let leader = w.leader();
-    let leader_ip = w.replicas.lock().expect("replicas")[leader]
-        .as_ref()
-        .expect("leader runs")
-        .ip
-        .to_string();
-    eventually("the Node carries the leader's address", || {
-        w.node_address(VIRTUAL_NODE) == leader_ip
+    let writer = w.writer_of(VIRTUAL_NODE);
+    let writer_ip = w.replica_ip(writer).to_string();
+    eventually("the Node carries its writer's address", || {
+        w.node_address(VIRTUAL_NODE) == writer_ip
     });
     let node: serde_json::Value =
         serde_json::from_str(
@@ -110,25 +106,20 @@ fn the_root_dials_relaylet_under_kubeadms_and_upstreams_address_order() {
     assert_exec_works(&w, "kubeadm-order-again");
 }
 
-/// The leader stops as a rollout stops it: the other replica takes over, writes its own
-/// address into the Node, the Node stays Ready throughout, and exec goes to the new leader.
+/// The Node's replica stops as a rollout stops it: the other replica takes over, writes its own
+/// address into the Node, the Node stays Ready throughout, and exec goes to the new writer.
 #[test]
-fn failover_moves_the_node_to_the_new_leader_and_it_stays_ready() {
+fn failover_moves_the_node_to_the_other_replica_and_it_stays_ready() {
     let w = world();
-    let old = w.leader();
+    let old = w.writer_of(VIRTUAL_NODE);
     assert_exec_works(&w, "before-failover");
     // A test that stopped the leaf may just have ended: exec works again at once, the Node
     // shows Ready only after relaylet's next probe of the leaf.
     w.wait_for_node_ready(VIRTUAL_NODE);
     w.stop_replica(old);
-    let new = w.leader();
-    assert_ne!(new, old);
-    let new_ip = w.replicas.lock().expect("replicas")[new]
-        .as_ref()
-        .expect("new leader runs")
-        .ip
-        .to_string();
-    eventually("the Node moves to the new leader's address", || {
+    let new = 1 - old;
+    let new_ip = w.replica_ip(new).to_string();
+    eventually("the Node moves to the other replica's address", || {
         assert_eq!(
             w.node_ready(VIRTUAL_NODE),
             "True",

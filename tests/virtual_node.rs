@@ -79,28 +79,6 @@ fn versions_since<K: serde::de::DeserializeOwned>(
         .collect()
 }
 
-/// The holders of the leader Lease since revision `since`, each once, in order (`None`:
-/// released).
-fn leader_holders_since(store: &Store, since: u64) -> Vec<Option<String>> {
-    let mut holders: Vec<Option<String>> =
-        versions_since::<Lease>(store, since, "leases", relaylet::LEADER_LEASE)
-            .into_iter()
-            .map(|l| l.spec.and_then(|s| s.holder_identity))
-            .collect();
-    holders.dedup();
-    holders
-}
-
-/// Waits until the leader Lease has been renewed `times` times after revision `since`: every
-/// replica's election (a round every 2 s) has run meanwhile.
-async fn leader_renewed(store: &Store, since: u64, times: usize) {
-    wait_for("leader Lease renewals", || {
-        (write_revisions(store, since, "leases", relaylet::LEADER_LEASE).len() >= times)
-            .then_some(())
-    })
-    .await;
-}
-
 fn node_of(store: &Store) -> Option<Node> {
     store.get_typed::<Node>("", NODE).ok()
 }
@@ -158,12 +136,17 @@ fn writes_since(store: &Store, since: u64, resource: &str, name: &str) -> usize 
 
 /// The Ready conditions other than True written to the Node since revision `since`.
 fn not_ready_writes_since(store: &Store, since: u64) -> Vec<String> {
+    not_ready_writes_of(store, since, NODE)
+}
+
+/// The Ready conditions other than True written to Node `node` since revision `since`.
+fn not_ready_writes_of(store: &Store, since: u64, node: &str) -> Vec<String> {
     let (events, _) = store
         .events_since(since)
         .unwrap_or_else(|e| panic!("history since {since}: {e:?}"));
     events
         .iter()
-        .filter(|e| e.key.resource == "nodes" && e.key.name == NODE)
+        .filter(|e| e.key.resource == "nodes" && e.key.name == node)
         .filter_map(|e| serde_json::from_value::<Node>((*e.object).clone()).ok())
         .filter_map(|n| ready(&n))
         .filter(|(status, _)| status != "True")
@@ -226,13 +209,18 @@ async fn root_cluster(preferred_address_types: Option<&[&str]>) -> Cluster {
 
 /// The labelled kubeconfig Secret that registers `leaf` with relaylet.
 fn leaf_secret(leaf: &Cluster) -> Secret {
+    leaf_secret_named(leaf, LEAF)
+}
+
+/// The Secret registering cluster `leaf` as leaf `name` (virtual node `relaylet-<name>`).
+fn leaf_secret_named(leaf: &Cluster, name: &str) -> Secret {
     Secret {
         metadata: ObjectMeta {
-            name: Some(format!("leaf-{LEAF}")),
+            name: Some(format!("leaf-{name}")),
             namespace: Some(NAMESPACE.to_string()),
             labels: Some(BTreeMap::from([(
                 relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
-                LEAF.to_string(),
+                name.to_string(),
             )])),
             ..Default::default()
         },
@@ -613,110 +601,275 @@ async fn leaf_outage_makes_the_node_not_ready_until_it_returns_and_shutdown_stop
     .expect("test timed out");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_leader_is_replaced_without_the_node_going_not_ready() {
-    tokio::time::timeout(Duration::from_secs(100), async {
-        let root = root_cluster(None).await;
-        let leaf = leaf_with_pod(&root).await;
-        let port = free_port();
-        let a = Replica::start(&root, "relaylet-a", "127.0.0.1", port, &[]).await;
-        wait_for("a leads", || a.is_leader().then_some(())).await;
-        // b on the same port number as a, on its own pod IP, as replicas of a Deployment.
-        let b = Replica::start(&root, "relaylet-b", "127.0.0.2", port, &[]).await;
-        let store = root.api.store().clone();
-        store.create_typed(&leaf_secret(&leaf)).expect("secret");
-        wait_for("node Ready", || node_of(&store).filter(is_ready)).await;
+/// The replica a Node names as its writer (`relaylet.io/served-by`).
+fn served_by(node: &Node) -> String {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("relaylet.io/served-by"))
+        .cloned()
+        .unwrap_or_default()
+}
 
-        // Only the leader writes: while a renews the leader Lease twice (both elections run
-        // meanwhile), every version of the Node names a.
-        let since = store.revision();
-        leader_renewed(&store, since, 2).await;
-        assert!(a.is_leader() && !b.is_leader());
-        let (events, _) = store.events_since(since).expect("history");
-        for event in events.iter().filter(|e| e.key.resource == "nodes") {
-            let node: Node = serde_json::from_value((*event.object).clone()).expect("node");
-            assert_eq!(
-                first_address(&node),
-                Some(("InternalDNS".to_string(), "127.0.0.1".to_string())),
-                "a follower wrote the Node"
+/// Waits until every one of `nodes` is Ready, names one of `live` (pod name -> IP) as its
+/// writer with that replica's address first, and no replica writes more than its even share;
+/// each node's replica.
+async fn spread_over(
+    store: &Store,
+    nodes: &[String],
+    live: &BTreeMap<&str, &str>,
+) -> BTreeMap<String, String> {
+    let room = nodes.len().div_ceil(live.len());
+    wait_for("the nodes spread evenly over the live replicas", || {
+        let mut owners = BTreeMap::new();
+        for name in nodes {
+            let node = store.get_typed::<Node>("", name).ok()?;
+            let owner = served_by(&node);
+            let ip = live.get(owner.as_str())?;
+            let address = first_address(&node)?.1;
+            (is_ready(&node) && address == *ip).then_some(())?;
+            owners.insert(name.clone(), owner);
+        }
+        let mut loads: BTreeMap<&str, usize> = BTreeMap::new();
+        for owner in owners.values() {
+            *loads.entry(owner.as_str()).or_default() += 1;
+        }
+        loads.values().all(|l| *l <= room).then_some(owners)
+    })
+    .await
+}
+
+/// Asserts that every change of `node`'s first address since `since` was to the address of the
+/// replica the same version names as its writer: no replica wrote a Node it did not hold.
+fn addresses_follow_the_writer(store: &Store, since: u64, node: &str, ips: &BTreeMap<&str, &str>) {
+    let versions = versions_since::<Node>(store, since, "nodes", node);
+    for pair in versions.windows(2) {
+        let (before, after) = (first_address(&pair[0]), first_address(&pair[1]));
+        if before == after {
+            continue;
+        }
+        let writer = served_by(&pair[1]);
+        assert_eq!(
+            after.map(|a| a.1).as_deref(),
+            ips.get(writer.as_str()).copied(),
+            "{node}: an address written while the Node named {writer}"
+        );
+    }
+}
+
+/// Finished sessions of leaf `leaf` that `replica` served.
+fn sessions_of(replica: &Replica, leaf: &str) -> f64 {
+    let text = replica.running.metrics.encode().expect("metrics");
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("exposition");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "relaylet_sessions_total")
+        .filter(|s| s.labels.get("leaf") == Some(leaf))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+/// Execs in every leaf's pod through the root apiserver and waits until each session is
+/// counted by the replica `owners` names for its node, and by no other.
+async fn sessions_go_to_their_nodes_replica(
+    root: &Cluster,
+    replicas: &BTreeMap<&str, Replica>,
+    owners: &BTreeMap<String, String>,
+) {
+    for (i, node) in owners.keys().enumerate() {
+        let leaf = node.trim_start_matches("relaylet-");
+        let before: BTreeMap<&str, f64> = replicas
+            .iter()
+            .map(|(name, r)| (*name, sessions_of(r, leaf)))
+            .collect();
+        let pod = format!("work-{}", leaf.trim_start_matches("leaf-"));
+        assert_eq!(
+            try_exec_in(root, &pod, "x").await.expect("exec"),
+            "via-x\n",
+            "{node} #{i}"
+        );
+        wait_for("the session is counted by the node's replica", || {
+            let grew: Vec<&str> = replicas
+                .iter()
+                .filter(|(name, r)| sessions_of(r, leaf) > before[*name])
+                .map(|(name, _)| *name)
+                .collect();
+            (!grew.is_empty()).then_some(grew)
+        })
+        .await
+        .iter()
+        .for_each(|served| assert_eq!(*served, owners[node], "{node}'s session"));
+    }
+}
+
+/// Three replicas and six leaves (issue 29): each replica writes an even share of the Nodes
+/// with its own address first, so each node's sessions go to its replica; a crashed replica's
+/// nodes move to the others without going NotReady; a replica shutting down hands its nodes
+/// over before it stops accepting, and sessions sent meanwhile are served; a replica that joins
+/// takes a fair share while a session already open on a moved node goes on where it is. No
+/// replica ever writes a Node another holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
+    tokio::time::timeout(Duration::from_secs(300), async {
+        let root = root_cluster(None).await;
+        let store = root.api.store().clone();
+        let names: Vec<String> = (0..6).map(|i| format!("leaf-{i}")).collect();
+        let mut leaves = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            leaves.push(named_leaf_with_pod(&root, name, &format!("work-{i}")).await);
+        }
+        let nodes: Vec<String> = names.iter().map(|n| format!("relaylet-{n}")).collect();
+        let ips: BTreeMap<&str, &str> = BTreeMap::from([
+            ("relaylet-0", "127.0.0.1"),
+            ("relaylet-1", "127.0.0.2"),
+            ("relaylet-2", "127.0.0.3"),
+            ("relaylet-3", "127.0.0.4"),
+        ]);
+        let port = free_port();
+        let mut replicas: BTreeMap<&str, Replica> = BTreeMap::new();
+        for name in ["relaylet-0", "relaylet-1", "relaylet-2"] {
+            replicas.insert(
+                name,
+                Replica::start(&root, name, ips[name], port, &[]).await,
             );
         }
-        let node = node_of(&store).expect("node");
-        assert_eq!(
-            first_address(&node).map(|a| a.1).as_deref(),
-            Some("127.0.0.1")
-        );
-        // The root apiserver dials a (b listens on the same port, but on 127.0.0.2).
-        assert_eq!(exec_through_the_root(&root, "a").await, "via-a\n");
+        let start = store.revision();
+        for (leaf, name) in leaves.iter().zip(&names) {
+            store
+                .create_typed(&leaf_secret_named(leaf, name))
+                .expect("secret");
+        }
+        let live = |names: &[&'static str]| -> BTreeMap<&str, &str> {
+            names.iter().map(|n| (*n, ips[n])).collect()
+        };
 
-        // Through the handover, from the root's history: every Node version Ready, and the
-        // node Lease never older than its 40 s by the renewTimes written.
-        let before_crash = store.revision();
-        let last_renewal = lease_of(&store)
-            .as_ref()
-            .and_then(renew_time)
-            .expect("a renewed node Lease");
-        a.crash();
-        wait_for("b rewrites the address", || {
-            node_of(&store).filter(|n| first_address(n).is_some_and(|(_, ip)| ip == "127.0.0.2"))
-        })
+        // Every replica serves: 2-2-2, and each node's sessions reach its replica.
+        let owners = spread_over(
+            &store,
+            &nodes,
+            &live(&["relaylet-0", "relaylet-1", "relaylet-2"]),
+        )
         .await;
-        assert!(b.is_leader());
-        // b's first round also renews the node Lease.
-        let took_over = store.revision();
-        wait_for("b renews the node Lease", || {
-            (!write_revisions(&store, took_over, "leases", NODE).is_empty()).then_some(())
-        })
-        .await;
+        sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
+
+        // A crash: relaylet-0's nodes move to the others, Ready throughout.
+        let crashed = store.revision();
+        replicas.remove("relaylet-0").expect("relaylet-0").crash();
+        let owners = spread_over(&store, &nodes, &live(&["relaylet-1", "relaylet-2"])).await;
+        for node in &nodes {
+            assert_eq!(
+                not_ready_writes_of(&store, crashed, node),
+                Vec::<String>::new(),
+                "{node} went NotReady"
+            );
+        }
+        sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
+
+        // SIGTERM: relaylet-1 hands its nodes to relaylet-2 before it stops accepting; execs
+        // on its nodes meanwhile are all served.
+        let leaving = &replicas["relaylet-1"];
+        let its_pods: Vec<String> = owners
+            .iter()
+            .filter(|(_, owner)| *owner == "relaylet-1")
+            .map(|(node, _)| format!("work-{}", node.trim_start_matches("relaylet-leaf-")))
+            .collect();
+        let stopped_accepting = tokio::spawn({
+            let begin = leaving.shutdown.begin.clone();
+            let store = store.clone();
+            let nodes = nodes.clone();
+            async move {
+                begin.cancelled().await;
+                nodes
+                    .iter()
+                    .filter(|n| {
+                        store
+                            .get_typed::<Node>("", n)
+                            .is_ok_and(|node| served_by(&node) == "relaylet-1")
+                    })
+                    .cloned()
+                    .collect::<Vec<_>>()
+            }
+        });
+        let terminate = tokio::spawn({
+            let shutdown = leaving.shutdown.clone();
+            async move { shutdown.terminate(Duration::from_secs(30)).await }
+        });
+        let mut served_during_handover = 0;
+        while !stopped_accepting.is_finished() {
+            for pod in &its_pods {
+                try_exec_in(&root, pod, "during")
+                    .await
+                    .unwrap_or_else(|e| panic!("exec in {pod} while relaylet-1 hands over: {e:#}"));
+                served_during_handover += 1;
+            }
+        }
+        assert!(served_during_handover > 0);
         assert_eq!(
-            not_ready_writes_since(&store, before_crash),
+            stopped_accepting.await.expect("begin watcher"),
             Vec::<String>::new(),
-            "Node went NotReady"
+            "relaylet-1 stopped accepting while Nodes still named it"
         );
-        let mut renewed: Vec<Timestamp> = vec![last_renewal];
-        renewed.extend(
-            versions_since::<Lease>(&store, before_crash, "leases", NODE)
-                .iter()
-                .filter_map(renew_time),
-        );
-        for pair in renewed.windows(2) {
-            let gap = pair[1].duration_since(pair[0]).as_secs_f64();
-            assert!(gap < 40.0, "node Lease aged {gap}s: {renewed:?}");
-        }
-        let node = node_of(&store).expect("node");
-        let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
-        assert!(
-            !addresses
-                .iter()
-                .any(|a| a.address == "127.0.0.1" && a.type_ == "InternalDNS"),
-            "the dead leader's address stayed: {addresses:?}"
-        );
-        // The root now dials b: a's listener died with it.
-        assert_eq!(exec_through_the_root(&root, "b").await, "via-b\n");
+        terminate.await.expect("terminate");
+        drop(replicas.remove("relaylet-1"));
+        let owners = spread_over(&store, &nodes, &live(&["relaylet-2"])).await;
+        sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
 
-        // A graceful stop releases leadership at once, so a successor need not wait for the
-        // leader Lease to expire.
-        let c_started = store.revision();
-        let c = Replica::start(&root, "relaylet-c", "127.0.0.3", port, &[]).await;
-        leader_renewed(&store, c_started, 2).await;
-        assert!(b.is_leader() && !c.is_leader());
-        let stopped = store.revision();
-        b.shutdown.begin.cancel();
-        wait_for("c rewrites the address", || {
-            node_of(&store).filter(|n| first_address(n).is_some_and(|(_, ip)| ip == "127.0.0.3"))
-        })
-        .await;
-        // The cause: b released the leader Lease (empty holder) and c took it, not its expiry.
-        let mut holders = leader_holders_since(&store, stopped);
-        if holders.first() == Some(&Some("relaylet-b".to_string())) {
-            holders.remove(0);
+        // A replica joins and takes its share; a session open on a node that moves to it
+        // goes on at relaylet-2.
+        let after_join = relaylet::virtual_node::assignment::Assignment::compute(
+            nodes.iter().map(String::as_str),
+            ["relaylet-2", "relaylet-3"],
+        );
+        let moving = nodes
+            .iter()
+            .find(|n| after_join.replica_of(n) == Some("relaylet-3"))
+            .expect("a node moves to the newcomer");
+        let pod = format!("work-{}", moving.trim_start_matches("relaylet-leaf-"));
+        let client = kube_client(&root.admin_kubeconfig().expect("kubeconfig"))
+            .await
+            .expect("client");
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let mut open = pods
+            .exec(
+                &pod,
+                vec!["sh", "-c", "read x; echo got-$x"],
+                &AttachParams::default()
+                    .stdin(true)
+                    .stdout(true)
+                    .stderr(false),
+            )
+            .await
+            .expect("an exec open across the move");
+        replicas.insert(
+            "relaylet-3",
+            Replica::start(&root, "relaylet-3", ips["relaylet-3"], port, &[]).await,
+        );
+        let owners = spread_over(&store, &nodes, &live(&["relaylet-2", "relaylet-3"])).await;
+        assert_eq!(owners[moving], "relaylet-3");
+        let mut stdin = open.stdin().expect("stdin");
+        tokio::io::AsyncWriteExt::write_all(&mut stdin, b"later\n")
+            .await
+            .expect("stdin after the move");
+        let mut out = String::new();
+        open.stdout()
+            .expect("stdout")
+            .read_to_string(&mut out)
+            .await
+            .expect("stdout after the move");
+        assert_eq!(out, "got-later\n");
+        let status = open.take_status().expect("status").await;
+        assert_eq!(status.and_then(|s| s.status).as_deref(), Some("Success"));
+        sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
+
+        for node in &nodes {
+            addresses_follow_the_writer(&store, start, node, &ips);
         }
-        assert_eq!(holders, [None, Some("relaylet-c".to_string())]);
-        let node = node_of(&store).expect("node");
-        assert!(is_ready(&node));
-        assert_eq!(exec_through_the_root(&root, "c").await, "via-c\n");
-        drop(b);
-        drop(c);
+        drop(replicas);
     })
     .await
     .expect("test timed out");
@@ -725,13 +878,20 @@ async fn a_crashed_leader_is_replaced_without_the_node_going_not_ready() {
 /// A leaf whose node `a` has a real kubelet stand-in running pod `default/work`, which the
 /// root shows on the leaf's virtual node (as a multi-cluster scheduler would).
 async fn leaf_with_pod(root: &Cluster) -> Cluster {
-    let leaf = Cluster::start(ClusterOptions::new(LEAF))
+    named_leaf_with_pod(root, LEAF, "work").await
+}
+
+/// Leaf `name` with a kubelet on node `a` running pod `default/<pod>`, shown in the root on
+/// virtual node `relaylet-<name>`.
+async fn named_leaf_with_pod(root: &Cluster, name: &str, pod: &str) -> Cluster {
+    let leaf = Cluster::start(ClusterOptions::new(name))
         .await
         .expect("leaf starts");
     leaf.add_node("a").await.expect("leaf node with kubelet");
+    let node = format!("relaylet-{name}");
     let pod = SimPod {
         namespace: "default".to_string(),
-        name: "work".to_string(),
+        name: pod.to_string(),
         containers: vec![SimContainer {
             name: "main".to_string(),
             command: vec!["sleep".into(), "600".into()],
@@ -739,7 +899,7 @@ async fn leaf_with_pod(root: &Cluster) -> Cluster {
         }],
         ..Default::default()
     };
-    relaylet_dev::sandbox::sync_pod(root, NODE, &leaf, "a", &pod)
+    relaylet_dev::sandbox::sync_pod(root, &node, &leaf, "a", &pod)
         .await
         .expect("root pod and its leaf copy");
     leaf
@@ -748,11 +908,16 @@ async fn leaf_with_pod(root: &Cluster) -> Cluster {
 /// Runs `echo via-<word>` in `default/work` with kube-rs through the root apiserver, which
 /// picks the Node address and dials it. Returns stdout.
 async fn try_exec(root: &Cluster, word: &str) -> anyhow::Result<String> {
+    try_exec_in(root, "work", word).await
+}
+
+/// [`try_exec`] in pod `default/<pod>`.
+async fn try_exec_in(root: &Cluster, pod: &str, word: &str) -> anyhow::Result<String> {
     let client = kube_client(&root.admin_kubeconfig()?).await?;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let mut process = pods
         .exec(
-            "work",
+            pod,
             vec!["sh", "-c", "echo via-$0", word],
             &AttachParams::default().stdout(true).stderr(false),
         )

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::desired::{self, Health};
 use super::leaf_watch::{self, LeafWatch};
 use super::node_lease::LEASE_RENEW;
-use super::{Controller, Ownership, SyncError, patch_params};
+use super::{Controller, Ownership, SyncError, patch_params, served_by};
 use crate::leaf::Leaf;
 
 /// How often each leaf's Node is recomputed (written only when it changed).
@@ -39,28 +39,54 @@ impl Controller {
             written: None,
             lease_renewed: None,
             node_uid: None,
+            held: false,
             refused: None,
         };
         let mut tick = tokio::time::interval(RECOMPUTE);
-        let mut leadership = self.leadership.clone();
+        let mut assignment = self.assignment.subscribe();
+        let mut replicas = self.replicas.clone();
         let mut node_events = self.watch_node(&leaf.node_name);
         loop {
             // Renewal is judged on the tick schedule, not on when the last write finished:
             // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
-            // A replica that just became leader writes at once, not at the next tick: the
-            // takeover after a crash is already the leader Lease's 10 s plus a retry, and the
-            // node Lease and address must move well before the root gives up on the Node. The
-            // schedule restarts from now, so renewals stay exactly LEASE_RENEW apart.
+            // A replica just assigned the node (or whose peers changed, so the node's holder
+            // may be gone) acts at once, not at the next tick: the takeover after a crash is
+            // already the presence Lease's 10 s plus a retry, and the node Lease and address
+            // must move well before the root gives up on the Node. The schedule restarts from
+            // now, so renewals stay exactly LEASE_RENEW apart.
             let now = tokio::select! {
                 now = tick.tick() => now,
-                _ = leadership.changed() => {
+                changed = assignment.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
                     tick.reset_immediately();
                     continue;
                 }
+                _ = replicas.changed() => {
+                    if !state.held && self.assigned(&leaf.node_name) {
+                        tick.reset_immediately();
+                    }
+                    continue;
+                }
                 Some(event) = node_events.next() => {
+                    if state.held && state.taken_away(&event, &self.replicas.me, self.config.leaf_node_ip) {
+                        // Another replica writes the Node now: when this one is not assigned
+                        // it (it is handing over), that is the hand-over done; when it is, the
+                        // event may be older than this replica's own claim, so the next round
+                        // reads the Node to know.
+                        if self.assigned(&leaf.node_name) {
+                            state.node_uid = None;
+                            tick.reset_immediately();
+                        } else {
+                            tracing::info!(node = %leaf.node_name, "virtual node handed over");
+                            state.let_go(&self, &leaf.node_name);
+                        }
+                        continue;
+                    }
                     // Someone deleted or altered the Node: put it back now, not at the next
                     // heartbeat. Our own writes match what we wrote and change nothing.
-                    if self.leadership.is_leader() && state.differs_from(&event, &self) {
+                    if state.held && self.assigned(&leaf.node_name) && state.differs_from(&event, &self) {
                         tracing::info!(node = %leaf.node_name, "virtual node deleted or changed by someone else: restoring it");
                         state.node_uid = None;
                         state.written = None;
@@ -84,8 +110,18 @@ impl Controller {
                 }
                 state.probed_at = Some(now);
             }
-            if !self.leadership.is_leader() {
-                // A future leader term starts from a fresh read of the Node.
+            if !self.assigned(&leaf.node_name) {
+                // Assigned to another replica: hand the Node back (while present; a replica
+                // shutting down just stops writing, its peers take its Nodes once its presence
+                // Lease is released). A future term starts from a fresh read of the Node.
+                if state.held && self.replicas.present.is_leader() {
+                    match self.hand_back(&leaf.node_name).await {
+                        Ok(()) => state.let_go(&self, &leaf.node_name),
+                        Err(err) => {
+                            tracing::warn!(node = %leaf.node_name, %err, "handing the virtual node back")
+                        }
+                    }
+                }
                 state.written = None;
                 state.node_uid = None;
                 continue;
@@ -140,10 +176,13 @@ impl Controller {
             .read(|pods| desired::capacity(&leaf_nodes, pods, &own_pods));
 
         let existing = match state.node_uid {
-            Some(_) => None,
-            None => Some(self.ensure_node(leaf, &info).await?),
+            Some(_) if state.held => None,
+            _ => Some(self.ensure_node(leaf, &info).await?),
         };
         if let Some(node) = &existing {
+            if !self.take(node, state).await? {
+                return Ok(());
+            }
             state.node_uid = node.metadata.uid.clone();
             self.keep_labels_and_taints(leaf, node, &info).await?;
         }
@@ -186,7 +225,7 @@ impl Controller {
         if changed {
             // A merge patch replaces lists whole: the address list is written atomically, never
             // merged entry by entry (which breaks dual-stack lists).
-            if !self.leadership.is_leader() {
+            if !self.assigned(&leaf.node_name) {
                 return Ok(());
             }
             nodes
@@ -204,7 +243,7 @@ impl Controller {
             .lease_renewed
             .is_none_or(|t| tick.duration_since(t) >= LEASE_RENEW)
         {
-            if !self.leadership.is_leader() {
+            if !self.assigned(&leaf.node_name) {
                 return Ok(());
             }
             self.renew_lease(&leaf.node_name, state.node_uid.as_deref())
@@ -212,6 +251,52 @@ impl Controller {
                 .inspect_err(|_| self.metrics.node_write_error("lease"))?;
             state.lease_renewed = Some(tick);
         }
+        Ok(())
+    }
+
+    /// Makes this replica `node`'s writer if it may be (`served_by::may_take`); whether it is.
+    async fn take(&self, node: &Node, state: &mut LeafLoop) -> Result<bool, SyncError> {
+        let me = &*self.replicas.me;
+        let holder = served_by::served_by(node);
+        if holder != me {
+            if state.held {
+                tracing::info!(node = ?node.metadata.name, by = %holder, "another replica took the virtual node");
+                state.let_go(self, node.metadata.name.as_deref().unwrap_or(""));
+            }
+            if !served_by::may_take(holder, me, &self.replicas.peers()) {
+                // Its writer is alive: it hands the Node back when it sees the assignment.
+                return Ok(false);
+            }
+            if !self.write_served_by(node, me).await? {
+                return Ok(false);
+            }
+            tracing::info!(node = ?node.metadata.name, from = %holder, "took the virtual node");
+            self.metrics.virtual_node_takeovers.inc();
+            // Written at once (with this replica's address): the replica handing the Node over
+            // waits for that before it stops accepting.
+            state.written = None;
+            state.lease_renewed = None;
+        }
+        if !state.held {
+            state.held = true;
+            self.set_served(node.metadata.name.as_deref().unwrap_or(""), true);
+        }
+        Ok(true)
+    }
+
+    /// Writes `node`'s writer empty if it still names this replica.
+    async fn hand_back(&self, node: &str) -> Result<(), kube::Error> {
+        let nodes: Api<Node> = Api::all(self.root.clone());
+        let Some(current) = nodes.get_opt(node).await? else {
+            return Ok(());
+        };
+        if served_by::served_by(&current) == &*self.replicas.me
+            && !self.write_served_by(&current, "").await?
+        {
+            // Changed meanwhile; the watch or the next round says who has it now.
+            return Ok(());
+        }
+        tracing::info!(node, "handed the virtual node back for another replica");
         Ok(())
     }
 
@@ -247,6 +332,8 @@ struct LeafLoop {
     written: Option<(NodeStatus, Instant)>,
     lease_renewed: Option<Instant>,
     node_uid: Option<String>,
+    /// Whether this replica writes the Node (its `served-by` names it).
+    held: bool,
     /// Why the Node was last refused (it is not ours), so that is logged once.
     refused: Option<String>,
 }
@@ -258,6 +345,29 @@ enum NodeEvent {
 }
 
 impl LeafLoop {
+    /// Whether `event` shows the Node written by another replica: its annotation and its first
+    /// address (where the root apiserver sends new sessions) no longer this replica's.
+    fn taken_away(&self, event: &NodeEvent, me: &str, my_ip: std::net::IpAddr) -> bool {
+        let NodeEvent::Applied(node) = event else {
+            return false;
+        };
+        let first_address = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref()?.first())
+            .map(|a| a.address.as_str());
+        served_by::served_by(node) != me && first_address != Some(my_ip.to_string().as_str())
+    }
+
+    /// Stops writing the Node: another replica does (or will).
+    fn let_go(&mut self, controller: &Controller, node: &str) {
+        self.held = false;
+        self.written = None;
+        self.node_uid = None;
+        self.lease_renewed = None;
+        controller.set_served(node, false);
+    }
+
     /// Whether `event` shows the Node other than this loop left it: gone, replaced, without our
     /// labels, or with other addresses or kubelet port than written.
     fn differs_from(&self, event: &NodeEvent, controller: &Controller) -> bool {

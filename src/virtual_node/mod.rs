@@ -4,8 +4,14 @@
 //! apiserver sends kubelet calls here), whose kubelet port is `NODE_SERVER_PORT`, whose capacity
 //! the scheduler can trust, and whose Ready condition follows the leaf's health; plus a Lease in
 //! `kube-node-lease` renewed every 10 s so the root never marks the node NotReady (and evicts its
-//! pods) while relaylet is alive. Only the elected leader writes; a new leader rewrites the
-//! address with its own IP on its first round.
+//! pods) while relaylet is alive.
+//!
+//! Every replica serves: each Node is assigned to one live replica (`assignment`, over the
+//! replicas `replicas` sees), and only that replica writes it, with its own pod IP first, so the
+//! root apiserver sends that node's sessions there. The Node's `relaylet.io/served-by`
+//! annotation says who writes it; a replica takes a Node only when the annotation is empty, its
+//! own, or names a replica that is gone (`served_by`), so two replicas never write one Node.
+//! The elected leader only deletes Nodes whose leaf went away.
 //!
 //! Every Node carries the install that owns it (label `relaylet.io/owner`, the install's
 //! namespace): an install writes and deletes only its own Nodes, and one that finds a Node of
@@ -17,13 +23,15 @@
 //! Node object; `leaf_loop` is one leaf's loop, `node_lease` its Lease, `desired` what the Node
 //! should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods).
 
+pub mod assignment;
 pub mod desired;
 mod leaf_loop;
 pub mod leaf_pods;
 pub mod leaf_watch;
 mod node_lease;
+mod served_by;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +41,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
@@ -42,6 +51,8 @@ use crate::leaf::{Leaf, Registry};
 use crate::metrics::Metrics;
 use crate::node_ports::NodePorts;
 use crate::pod_index::PodIndex;
+use crate::replicas::Replicas;
+use assignment::Assignment;
 use node_lease::NODE_LEASE_NAMESPACE;
 
 // Whose a Node is: one rule, shared with the leaf Secret checks.
@@ -57,6 +68,12 @@ pub struct Controller {
     pub registry: Registry,
     pub pods: PodIndex,
     pub leadership: Leadership,
+    /// This replica and the others: whom virtual nodes are spread over.
+    pub replicas: Replicas,
+    /// Each virtual node's replica, recomputed when the leaves or the replicas change.
+    pub assignment: watch::Sender<Arc<Assignment>>,
+    /// The virtual nodes this replica writes now (their Node names it in `served-by`).
+    pub served: watch::Sender<BTreeSet<String>>,
     /// Each virtual node's own kubelet port on this replica (written into the Node).
     pub node_ports: NodePorts,
     pub metrics: Metrics,
@@ -88,6 +105,8 @@ impl Controller {
     pub async fn run(self: Arc<Self>) {
         let mut leaves = self.registry.subscribe();
         let mut leadership = self.leadership.clone();
+        let mut replicas = self.replicas.clone();
+        let mut present = self.replicas.present.clone();
         let mut loops = Loops::default();
         let mut gc = tokio::time::interval(Duration::from_secs(30));
         // Orphans are looked for as soon as this replica leads with a full registry, then
@@ -107,11 +126,13 @@ impl Controller {
                 if let Some((leaf, task)) = loops.0.remove(&node) {
                     task.abort();
                     self.health.leaf_gone(&leaf.name);
+                    self.set_served(&node, false);
                 }
                 if !current.contains_key(&node) && self.leadership.is_leader() {
                     self.delete_node(&node).await;
                 }
             }
+            self.reassign(current.keys().map(String::as_str));
             for (node, leaf) in current {
                 loops.0.entry(node).or_insert_with(|| {
                     self.health.leaf_registered(&leaf.name);
@@ -128,7 +149,66 @@ impl Controller {
             tokio::select! {
                 changed = leaves.changed() => if changed.is_err() { break },
                 _ = leadership.changed() => {}
+                _ = replicas.changed() => {}
+                _ = present.changed() => {}
                 _ = gc.tick() => { self.collect_orphans().await; }
+            }
+        }
+    }
+
+    /// Recomputes which replica serves each of `nodes` from the replicas seen now.
+    fn reassign<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) {
+        let peers = self.replicas.peers();
+        let me = &*self.replicas.me;
+        let assignment = Assignment::compute(
+            nodes,
+            peers.candidates(me, self.replicas.present.is_leader()),
+        );
+        self.assignment.send_if_modified(|old| {
+            let changed = **old != assignment;
+            if changed {
+                *old = Arc::new(assignment);
+            }
+            changed
+        });
+    }
+
+    /// Whether this replica should write `node` now: it is present and `node` is assigned to it.
+    fn assigned(&self, node: &str) -> bool {
+        self.replicas.present.is_leader()
+            && self.assignment.borrow().replica_of(node) == Some(&*self.replicas.me)
+    }
+
+    /// Records whether this replica writes `node` (the served-nodes gauge and the hand-over
+    /// wait follow it).
+    fn set_served(&self, node: &str, served: bool) {
+        self.served.send_if_modified(|set| {
+            if served {
+                set.insert(node.to_string())
+            } else {
+                set.remove(node)
+            }
+        });
+        self.metrics
+            .virtual_nodes_served
+            .set(self.served.borrow().len() as i64);
+    }
+
+    /// Resolves once this replica, shutting down, need not wait any longer before it stops
+    /// accepting: every Node it wrote is now written by another replica, or there is no other
+    /// replica to hand them to.
+    pub async fn handed_over(&self) {
+        let mut served = self.served.subscribe();
+        let mut replicas = self.replicas.clone();
+        loop {
+            if served.borrow_and_update().is_empty()
+                || !self.replicas.peers().others_renewing(&self.replicas.me)
+            {
+                return;
+            }
+            tokio::select! {
+                _ = served.changed() => {}
+                _ = replicas.changed() => {}
             }
         }
     }
@@ -227,6 +307,11 @@ impl Controller {
             metadata: ObjectMeta {
                 name: Some(leaf.node_name.clone()),
                 labels: Some(labels),
+                // Created by the replica that will write it.
+                annotations: Some(BTreeMap::from([(
+                    served_by::SERVED_BY.to_string(),
+                    self.replicas.me.to_string(),
+                )])),
                 ..Default::default()
             },
             spec: Some(NodeSpec {
@@ -316,7 +401,7 @@ impl Controller {
         if !taints_ok {
             patch["spec"] = json!({ "taints": wanted });
         }
-        if !self.leadership.is_leader() {
+        if !self.assigned(&leaf.node_name) {
             return Ok(());
         }
         let nodes: Api<Node> = Api::all(self.root.clone());

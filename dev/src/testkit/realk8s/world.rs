@@ -219,8 +219,8 @@ impl World {
             .unwrap_or(&self.root_kubeconfig)
     }
 
-    /// Starts replica `i` on its address.
-    fn start_replica(&self, i: usize) -> Replica {
+    /// The env replica `i` runs with: the chart's, and what the downward API would give it.
+    pub fn replica_env(&self, i: usize) -> BTreeMap<String, String> {
         let ip = self.replica_ip(i);
         let mut env = self.config_env.clone();
         env.insert("LEAF_NODE_IP".into(), ip.to_string());
@@ -229,6 +229,13 @@ impl World {
             "METRICS_ADDR".into(),
             format!("{ip}:{}", harness::free_port()),
         );
+        env
+    }
+
+    /// Starts replica `i` on its address.
+    fn start_replica(&self, i: usize) -> Replica {
+        let ip = self.replica_ip(i);
+        let env = self.replica_env(i);
         let config = relaylet::config::Config::from_lookup(|name| env.get(name).cloned())
             .expect("the chart's env is a valid configuration");
         let shutdown = relaylet::shutdown::Shutdown::default();
@@ -277,6 +284,29 @@ impl World {
             std::thread::sleep(Duration::from_millis(100));
         }
         panic!("no relaylet replica became leader");
+    }
+
+    /// The index of the replica that writes `node` (its `relaylet.io/served-by`), waiting for
+    /// one.
+    pub fn writer_of(&self, node: &str) -> usize {
+        for _ in 0..300 {
+            let writer = self.root.kubectl_ok(&[
+                "get",
+                "node",
+                node,
+                "-o",
+                "jsonpath={.metadata.annotations.relaylet\\.io/served-by}",
+            ]);
+            if let Some(i) = writer
+                .trim()
+                .strip_prefix("relaylet-")
+                .and_then(|i| i.parse().ok())
+            {
+                return i;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("no relaylet replica writes {node}");
     }
 
     /// The first address of `node` (the one relaylet makes the root dial).
