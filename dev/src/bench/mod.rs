@@ -9,6 +9,7 @@
 //! CPU cost. Memory and descriptor figures are relaylet's own, read from `/proc`.
 
 mod client;
+pub mod fleet;
 mod floor;
 mod hold;
 mod procfs;
@@ -51,6 +52,8 @@ pub struct Groups {
     pub setup: bool,
     /// Memory per idle session and what is left after they close.
     pub memory: bool,
+    /// relaylet against a fleet of leaves (`fleet`); only when asked for by name.
+    pub fleet: bool,
 }
 
 impl Groups {
@@ -59,6 +62,7 @@ impl Groups {
         rtt: true,
         setup: true,
         memory: true,
+        fleet: false,
     };
 
     fn parse(list: &str) -> anyhow::Result<Groups> {
@@ -69,8 +73,11 @@ impl Groups {
                 "rtt" => groups.rtt = true,
                 "setup" => groups.setup = true,
                 "memory" => groups.memory = true,
+                "fleet" => groups.fleet = true,
                 other => {
-                    anyhow::bail!("unknown figure group {other:?} (try bulk, rtt, setup, memory)")
+                    anyhow::bail!(
+                        "unknown figure group {other:?} (try bulk, rtt, setup, memory, fleet)"
+                    )
                 }
             }
         }
@@ -78,6 +85,11 @@ impl Groups {
     }
 
     fn any(&self) -> bool {
+        self.data_path() || self.fleet
+    }
+
+    /// Whether any figure of the data path (the stack of one leaf) is asked for.
+    fn data_path(&self) -> bool {
         self.bulk || self.rtt || self.setup || self.memory
     }
 }
@@ -193,6 +205,13 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         sizes.reps
     );
     eprintln!("{header}");
+    if options.only.fleet {
+        run_fleet(options).await?;
+        if !options.only.data_path() {
+            eprintln!("bench finished in {:.0?}", started.elapsed());
+            return Ok(());
+        }
+    }
     let stack = Stack::start(sizes.log_bytes)
         .await
         .context("starting the benchmark stack")?;
@@ -213,6 +232,38 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         }
     }
     eprintln!("bench finished in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// The fleet figures (`--only fleet`), printed as they come and as a table.
+async fn run_fleet(options: Options) -> anyhow::Result<()> {
+    let size = fleet::Size::for_mode(options.smoke, options.quick);
+    eprintln!(
+        "fleet: {} leaves, {} leaf pods with {} B annotations",
+        size.leaves, size.pods, 4096
+    );
+    let figures = fleet::run(size).await.context("the fleet figures")?;
+    if options.json {
+        for f in &figures {
+            println!(
+                "{}",
+                serde_json::json!({"name": f.name, "value": f.value, "unit": f.unit})
+            );
+        }
+    } else {
+        println!(
+            "fleet: {} leaves, {} leaf pods (4 KiB annotation each)\n",
+            size.leaves, size.pods
+        );
+        println!("| figure | value | unit |\n|---|---:|---|");
+        for f in &figures {
+            println!("| {} | {:.3} | {} |", f.name, f.value, f.unit);
+        }
+        println!("\nFleet targets:");
+    }
+    for target in fleet::targets(&figures) {
+        println!("- {target}");
+    }
     Ok(())
 }
 
