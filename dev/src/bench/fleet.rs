@@ -319,16 +319,7 @@ impl Fleet {
             .context("starting the root cluster")?;
         // Every write of the measured windows stays countable.
         root.api.store().set_history_limit(2_000_000);
-        root.api
-            .store()
-            .create_typed(&Namespace {
-                metadata: ObjectMeta {
-                    name: Some(NAMESPACE.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            })
-            .map_err(|e| anyhow::anyhow!("creating namespace {NAMESPACE}: {e}"))?;
+        super::stack::create_namespace(&root, NAMESPACE)?;
         let mut leaves = Vec::new();
         for i in 0..size.leaves {
             let name = format!("leaf-{i}");
@@ -464,18 +455,8 @@ impl Fleet {
         let per_leaf = self.size.pods / self.size.leaves;
         let annotation = "x".repeat(ANNOTATION_BYTES);
         for (i, leaf) in self.leaves.iter().enumerate() {
-            let namespace = Namespace {
-                metadata: ObjectMeta {
-                    name: Some("bulk".into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
             if leaf.api.store().get_typed::<Namespace>("", "bulk").is_err() {
-                leaf.api
-                    .store()
-                    .create_typed(&namespace)
-                    .map_err(|e| anyhow::anyhow!("creating namespace bulk: {e}"))?;
+                super::stack::create_namespace(leaf, "bulk")?;
             }
             for p in 0..per_leaf {
                 let pod: Pod = serde_json::from_value(json!({

@@ -99,16 +99,7 @@ impl Stack {
         let root = Cluster::start(ClusterOptions::new("root"))
             .await
             .context("starting the root cluster")?;
-        root.api
-            .store()
-            .create_typed(&Namespace {
-                metadata: ObjectMeta {
-                    name: Some(NAMESPACE.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            })
-            .map_err(|e| anyhow::anyhow!("creating namespace {NAMESPACE}: {e}"))?;
+        create_namespace(&root, NAMESPACE)?;
         let leaf = Cluster::start(ClusterOptions::new("leaf"))
             .await
             .context("starting the leaf cluster")?;
@@ -297,6 +288,22 @@ fn leaf_secret(name: &str, kubeconfig: &str) -> Secret {
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Creates namespace `name` in `cluster`.
+pub(super) fn create_namespace(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
+    cluster
+        .api
+        .store()
+        .create_typed(&Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .map_err(|e| anyhow::anyhow!("creating namespace {name}: {e}"))?;
+    Ok(())
 }
 
 fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
