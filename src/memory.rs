@@ -1,4 +1,5 @@
-//! Gives memory freed by closed sessions back to the operating system.
+//! Gives memory freed by closed sessions and by bursts of watch events back to the operating
+//! system.
 //!
 //! glibc's allocator keeps freed memory inside its arenas and returns only what sits at the top
 //! of a heap, so memory that thousands of concurrent sessions used stays resident after they
@@ -8,8 +9,11 @@
 //! It walks every arena under its lock, so it runs only when there is something worth
 //! returning: after the number of open sessions has fallen to half of a peak of at least
 //! [`MIN_PEAK`] since the last trim, at most once per [`TRIM_DELAY`], on a blocking thread.
-//! Steady churn of a few sessions at a time never triggers it. Other C libraries (musl) return
-//! memory eagerly; there this does nothing.
+//! Steady churn of a few sessions at a time never triggers it. Watches call [`decoded`] for each
+//! object they read: every [`DECODED_BURST`] objects (each briefly held whole, a leaf pod with a
+//! 4 KiB annotation costs ~10 KiB while decoded) schedule one trim the same way, so a leaf that
+//! lists or deletes thousands of pods leaves relaylet where it was (`relaylet-dev bench --only
+//! fleet`). Other C libraries (musl) return memory eagerly; there this does nothing.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -19,8 +23,13 @@ const TRIM_DELAY: Duration = Duration::from_secs(1);
 /// Fewer concurrent sessions than this hold too little memory (~20 KiB each) to be worth a trim.
 const MIN_PEAK: usize = 100;
 
+/// Objects decoded by watches between two trims that make one worth it.
+const DECODED_BURST: usize = 1000;
+
 /// The most sessions open at once since the last trim.
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Objects decoded by watches since the last trim was scheduled.
+static DECODED: AtomicUsize = AtomicUsize::new(0);
 static TRIM_PENDING: AtomicBool = AtomicBool::new(false);
 
 /// A session opened; `open` sessions are open now (the one count, kept by
@@ -33,7 +42,25 @@ pub fn opened(open: usize) {
 /// trim when the open sessions have fallen to half of a large enough peak.
 pub fn closed(open: usize, current: impl FnOnce() -> usize + Send + 'static) {
     let peak = PEAK.load(Ordering::Acquire);
-    if peak < MIN_PEAK || open > peak / 2 || TRIM_PENDING.swap(true, Ordering::AcqRel) {
+    if peak < MIN_PEAK || open > peak / 2 {
+        return;
+    }
+    // Sessions that ended meanwhile share this trim; the peak starts again from there.
+    schedule(move || PEAK.store(current(), Ordering::Release));
+}
+
+/// A watch decoded one object (and has dropped it, keeping only what it needs). Schedules a
+/// trim every [`DECODED_BURST`] objects.
+pub fn decoded() {
+    if DECODED.fetch_add(1, Ordering::AcqRel) + 1 >= DECODED_BURST {
+        DECODED.store(0, Ordering::Release);
+        schedule(|| {});
+    }
+}
+
+/// Trims [`TRIM_DELAY`] from now unless a trim is already pending; `before` runs just before.
+fn schedule(before: impl FnOnce() + Send + 'static) {
+    if TRIM_PENDING.swap(true, Ordering::AcqRel) {
         return;
     }
     // Outside a runtime (the process is shutting down) there is nothing worth trimming.
@@ -43,8 +70,7 @@ pub fn closed(open: usize, current: impl FnOnce() -> usize + Send + 'static) {
     };
     runtime.spawn(async move {
         tokio::time::sleep(TRIM_DELAY).await;
-        // Sessions that ended meanwhile share this trim; the peak starts again from here.
-        PEAK.store(current(), Ordering::Release);
+        before();
         TRIM_PENDING.store(false, Ordering::Release);
         let _ = tokio::task::spawn_blocking(trim).await;
     });

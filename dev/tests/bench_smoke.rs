@@ -103,3 +103,50 @@ async fn bench_smoke_prints_every_figure_as_json() {
     assert!(memory["ratio"].is_null() && memory["relayed"].as_f64().unwrap() > 0.0);
     assert_eq!(row("after_close_fd_growth")["unit"], "fds");
 }
+
+/// `bench --smoke --only fleet`: a fleet of four sim leaves, every fleet figure as a JSON line
+/// with a value that can be one (times, memory and writes positive, the replica share at least
+/// the even share), and the target lines after.
+#[tokio::test]
+async fn fleet_smoke_prints_every_fleet_figure() {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet-dev"))
+        .args(["bench", "--smoke", "--json", "--only", "fleet"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start relaylet-dev bench");
+    let output = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .expect("bench finished in time")
+        .expect("bench output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
+        .collect();
+    let value = |name: &str| {
+        rows.iter()
+            .find(|r| r["name"] == name)
+            .and_then(|r| r["value"].as_f64())
+            .unwrap_or_else(|| panic!("no figure {name} in {stdout}"))
+    };
+    for name in [
+        "fleet_time_to_all_ready",
+        "fleet_memory_per_leaf",
+        "fleet_cpu_per_idle_leaf_hour",
+        "fleet_root_writes_per_leaf_minute",
+        "fleet_rss_after_pods_deleted_vs_before",
+    ] {
+        assert!(value(name) > 0.0, "{name} in {stdout}");
+    }
+    assert!(value("fleet_max_replica_share_vs_even") >= 1.0, "{stdout}");
+    assert!(
+        stdout.contains("fleet_memory_per_leaf_pod <= 1024 B:"),
+        "{stdout}"
+    );
+}

@@ -155,6 +155,7 @@ impl LeafPods {
                 // A relist builds the map anew beside the old one, then swaps it in.
                 let mut relisting: Option<HashMap<PodKey, PodFacts>> = None;
                 while let Some(event) = events.next().await {
+                    crate::memory::decoded();
                     let mut facts = facts.write().unwrap_or_else(|e| e.into_inner());
                     match event {
                         Ok(watcher::Event::Init) => relisting = Some(HashMap::new()),
