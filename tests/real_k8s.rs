@@ -7,6 +7,7 @@
 //! chart's default address type.
 
 use relaylet_dev::testkit as support;
+use relaylet_dev::testkit::realk8s::harness::K8s;
 use relaylet_dev::testkit::realk8s::world;
 
 use std::process::Stdio;
@@ -29,7 +30,9 @@ fn world() -> &'static World {
             env: &[],
             // The node proxy tests need an address the apiserver proxies to (not loopback).
             routable_replicas: true,
-            ..Setup::default()
+            root_version: K8s::V1_37,
+        leaf_version: K8s::V1_35,
+        ..Setup::default()
         });
         w.sync_pod("leaf-1", "default", "demo");
         w.sync_pod("leaf-2", "default", "other");

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::harness::{self, ControlPlane, Options};
+use super::harness::{self, ControlPlane, K8s, Options};
 
 pub const RELAYLET_NAMESPACE: &str = "relaylet";
 
@@ -47,6 +47,10 @@ pub struct Setup {
     /// [`super::addresses`]) instead of loopback ones: the root apiserver's node proxy refuses
     /// to dial loopback ("address not allowed"). Needs root.
     pub routable_replicas: bool,
+    /// The root cluster's Kubernetes version.
+    pub root_version: K8s,
+    /// The leaf clusters' Kubernetes version (apiserver and leafkubelet).
+    pub leaf_version: K8s,
 }
 
 impl Default for Setup {
@@ -62,6 +66,8 @@ impl Default for Setup {
             replica_pods: false,
             wait_for_nodes: true,
             routable_replicas: false,
+            root_version: K8s::V1_35,
+            leaf_version: K8s::V1_35,
         }
     }
 }
@@ -103,6 +109,7 @@ pub fn leaf_node(leaf: &str) -> String {
 
 impl World {
     pub fn start(setup: Setup) -> World {
+        harness::announce(setup.root_version, setup.leaf_version);
         let dir = tempfile::Builder::new()
             .prefix("relaylet-real-k8s-")
             .tempdir()
@@ -122,6 +129,7 @@ impl World {
                 preferred_address_types: setup.root_address_order.into(),
                 controller_manager: true,
                 verify_kubelet_certificates: setup.verify_kubelet_certificates,
+                version: setup.root_version,
             },
         );
         // The root: relaylet's namespace, ServiceAccount and RBAC exactly as the chart renders.
@@ -146,6 +154,7 @@ impl World {
                     preferred_address_types: "InternalIP,Hostname".into(),
                     controller_manager: false,
                     verify_kubelet_certificates: false,
+                    version: setup.leaf_version,
                 },
             );
             leaf.add_kubelet(&leaf_node(name));
