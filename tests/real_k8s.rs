@@ -847,3 +847,36 @@ fn kubectl_debug_through_the_real_root_and_leaf_apiservers() {
         );
     }
 }
+
+/// With `ExtendWebSocketsToKubelet` declared on the virtual Node (the default; the leaves are
+/// 1.35, which take WebSocket calls), the 1.37 root proxies kubectl 1.35's WebSocket calls to
+/// relaylet unchanged and relaylet relays them to the leaf apiserver: every call works and the
+/// root counts exec, attach and port-forward as `proxied_to_kubelet`, none as translated.
+/// (tests/real_k8s_websockets.rs runs the same calls with the setting off.)
+#[test]
+fn websocket_calls_are_proxied_to_relaylet_by_the_1_37_root() {
+    use relaylet_dev::testkit::realk8s::websocket_calls::{counted_since, run_all, streaming_counts};
+    let w = world();
+    let declared = w.root.kubectl_ok(&[
+        "get",
+        "node",
+        VIRTUAL_NODE,
+        "-o",
+        "jsonpath={.status.declaredFeatures}",
+    ]);
+    assert_eq!(declared.trim(), r#"["ExtendWebSocketsToKubelet"]"#);
+    let before = streaming_counts(w);
+    run_all(w, &kubectl("1.35"), "demo", "attached");
+    let after = streaming_counts(w);
+    for subresource in ["exec", "attach", "portforward"] {
+        assert!(
+            counted_since(&before, &after, subresource, "proxied_to_kubelet") > 0,
+            "{subresource}: {after:?}"
+        );
+        assert_eq!(
+            counted_since(&before, &after, subresource, "translated_at_apiserver"),
+            0,
+            "{subresource}: {after:?}"
+        );
+    }
+}

@@ -12,6 +12,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -109,10 +110,25 @@ pub struct Process {
 
 impl Process {
     pub(super) fn spawn(name: &str, dir: &Path, program: &Path, args: &[String]) -> Process {
+        Process::spawn_with_env(name, dir, program, args, &BTreeMap::new())
+    }
+
+    /// [`spawn`](Self::spawn) with exactly `env` as the environment.
+    pub fn spawn_with_env(
+        name: &str,
+        dir: &Path,
+        program: &Path,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+    ) -> Process {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file");
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        if !env.is_empty() {
+            command.env_clear().envs(env);
+        }
+        let child = command
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)

@@ -256,6 +256,40 @@ impl World {
         }
     }
 
+    /// Starts the shipped relaylet binary (`env!("CARGO_BIN_EXE_relaylet")`) as replica `i`,
+    /// its own process on replica `i`'s address with the chart's env and `extra` over it, for
+    /// tests that kill it. It joins the leader election; its log is `relaylet-<i>.log` in the
+    /// world's directory.
+    pub fn spawn_relaylet_process(
+        &self,
+        i: usize,
+        binary: &Path,
+        extra: &[(&str, &str)],
+    ) -> harness::Process {
+        let ip = self.replica_ip(i);
+        let kubeconfig = self.dir.path().join(format!("relaylet-{i}.kubeconfig"));
+        std::fs::write(&kubeconfig, self.replica_kubeconfig(i)).expect("write kubeconfig");
+        let mut env = self.config_env.clone();
+        env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());
+        env.insert("LEAF_NODE_IP".into(), ip.to_string());
+        env.insert("POD_NAME".into(), format!("relaylet-{i}"));
+        env.insert(
+            "METRICS_ADDR".into(),
+            format!("{ip}:{}", harness::free_port()),
+        );
+        env.insert("RUST_LOG".into(), "info".into());
+        for (k, v) in extra {
+            env.insert(k.to_string(), v.to_string());
+        }
+        harness::Process::spawn_with_env(
+            &format!("relaylet-{i}"),
+            self.dir.path(),
+            binary,
+            &[],
+            &env,
+        )
+    }
+
     /// Stops replica `i` as a rollout does (SIGTERM: stop accepting, give up leadership).
     pub fn stop_replica(&self, i: usize) {
         let replica = self.replicas.lock().expect("replicas")[i].take();
