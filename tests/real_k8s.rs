@@ -31,8 +31,8 @@ fn world() -> &'static World {
             // The node proxy tests need an address the apiserver proxies to (not loopback).
             routable_replicas: true,
             root_version: K8s::V1_37,
-        leaf_version: K8s::V1_35,
-        ..Setup::default()
+            leaf_version: K8s::V1_35,
+            ..Setup::default()
         });
         w.sync_pod("leaf-1", "default", "demo");
         w.sync_pod("leaf-2", "default", "other");
@@ -855,7 +855,9 @@ fn kubectl_debug_through_the_real_root_and_leaf_apiservers() {
 /// (tests/real_k8s_websockets.rs runs the same calls with the setting off.)
 #[test]
 fn websocket_calls_are_proxied_to_relaylet_by_the_1_37_root() {
-    use relaylet_dev::testkit::realk8s::websocket_calls::{counted_since, run_all, streaming_counts};
+    use relaylet_dev::testkit::realk8s::websocket_calls::{
+        counted_since, run_all, streaming_counts,
+    };
     let w = world();
     let declared = w.root.kubectl_ok(&[
         "get",

@@ -28,8 +28,8 @@ fn world() -> MutexGuard<'static, World> {
             leaves: &["leaf-1"],
             env: &[("STREAM_IDLE_TIMEOUT", "3s")],
             root_version: K8s::V1_35,
-        leaf_version: K8s::V1_37,
-        ..Setup::default()
+            leaf_version: K8s::V1_37,
+            ..Setup::default()
         });
         w.sync_pod("leaf-1", "default", "demo");
         Mutex::new(w)

@@ -87,18 +87,23 @@ fn a_killed_relaylet_fails_websocket_kubectl_through_a_1_37_root() {
     w.sync_pod("leaf-1", "default", "demo");
     // relaylet as its own process (replica 1) takes over when the in-process replica stops;
     // from then on every session the root opens reaches the process.
-    let mut process = w.spawn_relaylet_process(
-        1,
-        std::path::Path::new(env!("CARGO_BIN_EXE_relaylet")),
-        &[],
-    );
+    let mut process =
+        w.spawn_relaylet_process(1, std::path::Path::new(env!("CARGO_BIN_EXE_relaylet")), &[]);
     w.stop_replica(0);
     let k135 = kubectl("1.35");
-    wait_until("the relaylet process serves the virtual node", WITHIN, || {
-        let out = Run::new(&k135, w.root_kubeconfig(), &["exec", "demo", "--", "echo", "served"])
+    wait_until(
+        "the relaylet process serves the virtual node",
+        WITHIN,
+        || {
+            let out = Run::new(
+                &k135,
+                w.root_kubeconfig(),
+                &["exec", "demo", "--", "echo", "served"],
+            )
             .output();
-        text(&out.stdout) == "served\n"
-    });
+            text(&out.stdout) == "served\n"
+        },
+    );
     let declared = w.root.kubectl_ok(&[
         "get",
         "node",
@@ -111,7 +116,11 @@ fn a_killed_relaylet_fails_websocket_kubectl_through_a_1_37_root() {
     let script = "while true; do echo tick; sleep 0.2; done";
     let k127 = kubectl("1.27");
     let kubectls = [("1.27 (SPDY)", &k127), ("1.35 (WebSocket)", &k135)].map(|(what, k)| {
-        let run = Run::new(k, w.root_kubeconfig(), &["exec", "demo", "--", "sh", "-c", script]);
+        let run = Run::new(
+            k,
+            w.root_kubeconfig(),
+            &["exec", "demo", "--", "sh", "-c", script],
+        );
         Background::spawn(run, format!("kubectl {what}"))
     });
     let addr = w.root.url.trim_start_matches("https://").to_string();
@@ -124,7 +133,9 @@ fn a_killed_relaylet_fails_websocket_kubectl_through_a_1_37_root() {
     for k in &kubectls {
         assert_eq!(k.next_line(WITHIN).as_deref(), Some("tick"), "{}", k.what);
     }
-    w.runtime.block_on(ws_rx).expect("the WebSocket v4 session runs");
+    w.runtime
+        .block_on(ws_rx)
+        .expect("the WebSocket v4 session runs");
 
     process.kill();
 
@@ -154,7 +165,10 @@ fn a_killed_relaylet_fails_websocket_kubectl_through_a_1_37_root() {
     assert!(websocket.1.stdout.starts_with("tick\n"), "{websocket:?}");
     assert_eq!(websocket.1.code, Some(1), "{websocket:?}");
     assert!(
-        websocket.1.stderr.contains("websocket: close 1006 (abnormal closure)"),
+        websocket
+            .1
+            .stderr
+            .contains("websocket: close 1006 (abnormal closure)"),
         "{websocket:?}"
     );
     assert!(

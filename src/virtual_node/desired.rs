@@ -263,7 +263,10 @@ pub fn declared_features(enabled: bool, leaf_version: Option<&str>) -> Vec<Strin
 
 /// The minor of a Kubernetes 1.x version (`v1.31.2-gke.100` is 31).
 fn minor_of(version: &str) -> Option<u32> {
-    let rest = version.strip_prefix('v').unwrap_or(version).strip_prefix("1.")?;
+    let rest = version
+        .strip_prefix('v')
+        .unwrap_or(version)
+        .strip_prefix("1.")?;
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
 }

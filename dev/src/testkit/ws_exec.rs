@@ -40,9 +40,7 @@ pub async fn open_at(
     script: &str,
     protocol: Protocol,
 ) -> Socket {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect");
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
     let stream = tokio_rustls::TlsConnector::from(tls)
         .connect(name, tcp)
