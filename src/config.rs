@@ -109,6 +109,10 @@ pub struct Config {
     /// Keep one connection to each leaf in use dialed ahead of the next session
     /// (`LEAF_SPARE_CONNECTION`, default true; see `warm_connector`).
     pub leaf_spare_connection: bool,
+    /// Declare `ExtendWebSocketsToKubelet` on virtual Nodes whose leaf apiserver takes the
+    /// WebSocket calls unchanged (`EXTEND_WEBSOCKETS_TO_KUBELET`, default true; see
+    /// `virtual_node::desired::declared_features`).
+    pub extend_websockets_to_kubelet: bool,
     pub metrics_addr: SocketAddr,
     pub log_format: LogFormat,
     pub limits: Limits,
@@ -241,6 +245,7 @@ impl Config {
         let leader_elect = vars.flag("LEADER_ELECT", true);
         let leaf_pod_match = leaf_pod_match(&mut vars);
         let leaf_spare_connection = vars.flag("LEAF_SPARE_CONNECTION", true);
+        let extend_websockets_to_kubelet = vars.flag("EXTEND_WEBSOCKETS_TO_KUBELET", true);
 
         let metrics_addr = metrics_addr(&mut vars);
         let log_format = log_format(&mut vars);
@@ -266,6 +271,7 @@ impl Config {
             leader_elect,
             leaf_pod_match,
             leaf_spare_connection,
+            extend_websockets_to_kubelet,
             metrics_addr,
             log_format,
             shutdown_grace_period,
@@ -847,6 +853,7 @@ mod tests {
         assert_eq!(c.node_name("leaf-1"), "relaylet-leaf-1");
         assert!(c.leader_elect);
         assert!(c.leaf_spare_connection);
+        assert!(c.extend_websockets_to_kubelet);
         assert_eq!(c.limits, Limits::default());
     }
 
@@ -856,9 +863,10 @@ mod tests {
             ("LEAF_NODE_IP", "10.0.0.1"),
             ("LEAF_SPARE_CONNECTION", "false"),
             ("LEADER_ELECT", "0"),
+            ("EXTEND_WEBSOCKETS_TO_KUBELET", "false"),
         ])
         .unwrap();
-        assert!(!c.leaf_spare_connection && !c.leader_elect);
+        assert!(!c.leaf_spare_connection && !c.leader_elect && !c.extend_websockets_to_kubelet);
         let err = config(&[
             ("LEAF_NODE_IP", "10.0.0.1"),
             ("LEAF_SPARE_CONNECTION", "no"),

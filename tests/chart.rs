@@ -962,6 +962,7 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     );
     assert_eq!(r.env_value("LEADER_ELECT"), Some("true"));
     assert_eq!(r.env_value("LEAF_SPARE_CONNECTION"), Some("true"));
+    assert_eq!(r.env_value("EXTEND_WEBSOCKETS_TO_KUBELET"), Some("true"));
     assert_eq!(r.env_value("LEAF_POD_MATCH"), Some("root-uid"));
     assert!(r.env("LEAF_POD_MARKER").is_none());
     assert_eq!(r.env_value("AUTH_MODE"), Some("webhook"));
@@ -1202,6 +1203,7 @@ fn network_policy_opens_the_kubelet_port_to_the_control_plane_only() {
     let values = set.file_values();
     let r = Rendered::render(&set);
     assert_eq!(r.env_value("LEAF_SPARE_CONNECTION"), Some("false"));
+    assert_eq!(r.env_value("EXTEND_WEBSOCKETS_TO_KUBELET"), Some("false"));
     assert_eq!(r.env_value("STREAM_IDLE_TIMEOUT"), Some("1h30m"));
     assert_eq!(r.network_policies.len(), 1);
     let spec = r.network_policies[0].spec.as_ref().unwrap();

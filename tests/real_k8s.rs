@@ -7,6 +7,7 @@
 //! chart's default address type.
 
 use relaylet_dev::testkit as support;
+use relaylet_dev::testkit::realk8s::harness::K8s;
 use relaylet_dev::testkit::realk8s::world;
 
 use std::process::Stdio;
@@ -29,6 +30,8 @@ fn world() -> &'static World {
             env: &[],
             // The node proxy tests need an address the apiserver proxies to (not loopback).
             routable_replicas: true,
+            root_version: K8s::V1_37,
+            leaf_version: K8s::V1_35,
             ..Setup::default()
         });
         w.sync_pod("leaf-1", "default", "demo");
@@ -841,6 +844,41 @@ fn kubectl_debug_through_the_real_root_and_leaf_apiservers() {
         assert!(
             status.is_some_and(|s| s.success()),
             "kubectl {version} debug ended with {status:?}"
+        );
+    }
+}
+
+/// With `ExtendWebSocketsToKubelet` declared on the virtual Node (the default; the leaves are
+/// 1.35, which take WebSocket calls), the 1.37 root proxies kubectl 1.35's WebSocket calls to
+/// relaylet unchanged and relaylet relays them to the leaf apiserver: every call works and the
+/// root counts exec, attach and port-forward as `proxied_to_kubelet`, none as translated.
+/// (tests/real_k8s_websockets.rs runs the same calls with the setting off.)
+#[test]
+fn websocket_calls_are_proxied_to_relaylet_by_the_1_37_root() {
+    use relaylet_dev::testkit::realk8s::websocket_calls::{
+        counted_since, run_all, streaming_counts,
+    };
+    let w = world();
+    let declared = w.root.kubectl_ok(&[
+        "get",
+        "node",
+        VIRTUAL_NODE,
+        "-o",
+        "jsonpath={.status.declaredFeatures}",
+    ]);
+    assert_eq!(declared.trim(), r#"["ExtendWebSocketsToKubelet"]"#);
+    let before = streaming_counts(w);
+    run_all(w, &kubectl("1.35"), "demo", "attached");
+    let after = streaming_counts(w);
+    for subresource in ["exec", "attach", "portforward"] {
+        assert!(
+            counted_since(&before, &after, subresource, "proxied_to_kubelet") > 0,
+            "{subresource}: {after:?}"
+        );
+        assert_eq!(
+            counted_since(&before, &after, subresource, "translated_at_apiserver"),
+            0,
+            "{subresource}: {after:?}"
         );
     }
 }

@@ -15,7 +15,7 @@
 
 use relaylet_dev::testkit as support;
 use relaylet_dev::testkit::metrics as metrics_support;
-use relaylet_dev::testkit::realk8s::harness;
+use relaylet_dev::testkit::realk8s::harness::{self, K8s};
 use relaylet_dev::testkit::realk8s::world;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -210,6 +210,8 @@ fn csr_mode_approved_by_hand_passes_a_verifying_apiserver() {
         verify_kubelet_certificates: true,
         chart_values: &["servingCert.mode=csr"],
         wait_for_nodes: false,
+        root_version: K8s::V1_37,
+        leaf_version: K8s::V1_35,
         ..Setup::default()
     });
     let csr = eventually("relaylet creates its CSR", || csrs(&w).into_iter().next());
@@ -299,6 +301,8 @@ fn generate_mode_fails_against_a_verifying_apiserver_with_its_x509_error() {
     let _turn = turn();
     let w = World::start(Setup {
         verify_kubelet_certificates: true,
+        root_version: K8s::V1_37,
+        leaf_version: K8s::V1_35,
         ..Setup::default()
     });
     w.sync_pod("leaf-1", "default", "demo");
@@ -341,6 +345,8 @@ fn the_approver_renewal_and_failover_in_csr_mode() {
         ],
         replicas: 2,
         replica_pods: true,
+        root_version: K8s::V1_37,
+        leaf_version: K8s::V1_35,
         ..Setup::default()
     });
     w.sync_pod("leaf-1", "default", "demo");

@@ -11,7 +11,8 @@
 //! relaylet streams into the namespace bound for it, and gets the leaf's 403 elsewhere.
 
 use relaylet_dev::testkit as support;
-use relaylet_dev::testkit::realk8s::{harness, world};
+use relaylet_dev::testkit::realk8s::harness::{self, K8s};
+use relaylet_dev::testkit::realk8s::world;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -46,7 +47,11 @@ struct Fixture {
 
 fn fixture() -> MutexGuard<'static, Fixture> {
     static FIXTURE: LazyLock<Mutex<Fixture>> = LazyLock::new(|| {
-        let w = World::start(Setup::default());
+        let w = World::start(Setup {
+            root_version: K8s::V1_35,
+            leaf_version: K8s::V1_37,
+            ..Setup::default()
+        });
         for ns in [NS, OTHER] {
             w.root.kubectl_ok(&["create", "namespace", ns]);
             w.leaf(LEAF).kubectl_ok(&["create", "namespace", ns]);

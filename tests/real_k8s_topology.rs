@@ -5,6 +5,7 @@
 //! state, so they take turns.
 
 use relaylet_dev::testkit as support;
+use relaylet_dev::testkit::realk8s::harness::K8s;
 use relaylet_dev::testkit::realk8s::world;
 
 use std::sync::{LazyLock, Mutex, MutexGuard};
@@ -26,6 +27,8 @@ fn world() -> MutexGuard<'static, World> {
             replicas: 2,
             leaves: &["leaf-1"],
             env: &[("STREAM_IDLE_TIMEOUT", "3s")],
+            root_version: K8s::V1_35,
+            leaf_version: K8s::V1_37,
             ..Setup::default()
         });
         w.sync_pod("leaf-1", "default", "demo");

@@ -1,5 +1,5 @@
-//! What a leaf's virtual Node should say: addresses, capacity, conditions, node info, labels
-//! and taints. Pure functions of the leaf's state, so every rule is unit-tested.
+//! What a leaf's virtual Node should say: addresses, capacity, conditions, node info, declared
+//! features, labels and taints. Pure functions of the leaf's state, so every rule is unit-tested.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
@@ -240,6 +240,35 @@ pub fn node_info(leaf_version: Option<&str>, leaf_nodes: &[Node]) -> NodeSystemI
         kube_proxy_version: String::new(),
         ..Default::default()
     }
+}
+
+/// The node feature that tells a 1.36+ root apiserver to proxy WebSocket exec/attach
+/// (`v5.channel.k8s.io`) and the WebSocket port-forward tunnel to the node unchanged instead of
+/// translating them to SPDY (`pkg/registry/core/pod/rest/subresources.go`).
+pub const EXTEND_WEBSOCKETS_TO_KUBELET: &str = "ExtendWebSocketsToKubelet";
+
+/// `status.declaredFeatures`, sorted as the apiserver requires. relaylet relays every upgrade
+/// to the leaf apiserver unchanged (`relay.rs`), so it serves the WebSocket calls exactly when
+/// the leaf apiserver does: v5 exec/attach since 1.30 (`TranslateStreamCloseWebsocketRequests`
+/// beta) and the port-forward tunnel since 1.31 (`PortForwardWebsockets` beta). A leaf whose
+/// version is older or not known yet gets no declaration (the root then translates, as
+/// before), and neither does any leaf when `enabled` is off. Always a list, never absent: a
+/// merge patch without the field would keep an earlier declaration.
+pub fn declared_features(enabled: bool, leaf_version: Option<&str>) -> Vec<String> {
+    match leaf_version.and_then(minor_of) {
+        Some(minor) if enabled && minor >= 31 => vec![EXTEND_WEBSOCKETS_TO_KUBELET.to_string()],
+        _ => Vec::new(),
+    }
+}
+
+/// The minor of a Kubernetes 1.x version (`v1.31.2-gke.100` is 31).
+fn minor_of(version: &str) -> Option<u32> {
+    let rest = version
+        .strip_prefix('v')
+        .unwrap_or(version)
+        .strip_prefix("1.")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// The labels relaylet puts on a virtual node, then the leaf Secret's extra labels.
@@ -668,5 +697,20 @@ mod tests {
         assert_eq!(l["kubernetes.io/arch"], "arm64");
         assert_eq!(l["zone"], "a");
         assert!(!l.contains_key("kubernetes.io/hostname"));
+    }
+
+    #[test]
+    fn websockets_are_declared_for_leaves_that_take_them() {
+        let declared = |enabled, version| declared_features(enabled, version);
+        let on = vec![EXTEND_WEBSOCKETS_TO_KUBELET.to_string()];
+        assert_eq!(declared(true, Some("v1.31.0")), on);
+        assert_eq!(declared(true, Some("v1.37.2")), on);
+        assert_eq!(declared(true, Some("v1.35.4-gke.1200")), on);
+        assert_eq!(declared(true, Some("v1.33.1+k3s1")), on);
+        assert!(declared(true, Some("v1.30.14")).is_empty());
+        assert!(declared(true, Some("v1.9.0")).is_empty());
+        assert!(declared(true, Some("garbage")).is_empty());
+        assert!(declared(true, None).is_empty());
+        assert!(declared(false, Some("v1.37.2")).is_empty());
     }
 }

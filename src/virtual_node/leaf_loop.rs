@@ -217,6 +217,10 @@ impl Controller {
                 }),
             }),
             node_info: Some(info),
+            declared_features: Some(desired::declared_features(
+                self.config.extend_websockets_to_kubelet,
+                state.version.as_deref(),
+            )),
             ..Default::default()
         };
         let changed = state.written.as_ref().is_none_or(|(old, at)| {

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the real-Kubernetes tests run (tests/real_*.rs) from
 # their Go modules at the versions pinned in tests/realk8s/*/go.mod, into a cache outside the
-# repository, and prints the directory holding the binaries on its last line. A second run with
-# the same pins (and the same leafkubelet source) reuses the binaries.
+# repository, and prints one line per Kubernetes version: the version and the directory holding
+# its binaries. A second run with the same pins (and the same leafkubelet source) reuses the
+# binaries.
 #
-#   kube-apiserver, kube-controller-manager  k8s.io/kubernetes (tests/realk8s/k8s/go.mod)
+#   kube-apiserver, kube-controller-manager  k8s.io/kubernetes, one module per version:
+#                                            tests/realk8s/k8s (1.35), tests/realk8s/k8s-1.37
 #   etcd                                     go.etcd.io/etcd/server/v3 (tests/realk8s/etcd)
-#   leafkubelet                              our small kubelet on the kubelet's streaming code
+#   leafkubelet                              our small kubelet on the kubelet's streaming code,
+#                                            one source (tests/realk8s/k8s/cmd/leafkubelet)
+#                                            built with each version's go.mod (-modfile); 1.36
+#                                            moved that code, so streaming_137.go (tag k8s137)
+#                                            replaces streaming_135.go
 #   metrics-server                           sigs.k8s.io/metrics-server (tests/realk8s/metrics-server)
 #
 # Cache: $RELAYLET_K8S_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/relaylet/k8s. Nothing built
@@ -20,42 +26,60 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 src="$root/tests/realk8s"
 cache="${RELAYLET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/k8s}"
 
-k8s_version="$(cd "$src/k8s" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 etcd_version="$(cd "$src/etcd" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 ms_version="$(cd "$src/metrics-server" && go list -m -f '{{.Version}}' sigs.k8s.io/metrics-server)"
-[ -n "$k8s_version" ] && [ -n "$etcd_version" ] && [ -n "$ms_version" ] || {
+[ -n "$etcd_version" ] && [ -n "$ms_version" ] || {
   echo "build-k8s.sh: cannot read the pinned versions from $src/*/go.mod" >&2
   exit 1
 }
-# The upstream components are keyed by the pins alone, leafkubelet by its source as well, so
-# changing leafkubelet does not relink kube-apiserver.
-pins="$(cat "$src/k8s/go.mod" "$src/k8s/go.sum" "$src/etcd/go.mod" "$src/etcd/go.sum" | sha256sum | cut -c1-16)"
-ours="$({ cat "$src/k8s/go.sum"; find "$src/k8s" -name '*.go' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)"
 ms_pins="$(cat "$src/metrics-server/go.mod" "$src/metrics-server/go.sum" | sha256sum | cut -c1-16)"
-bin="$cache/$k8s_version-etcd-$etcd_version-$pins/bin"
-own="$cache/leafkubelet-$ours/bin"
 ms="$cache/metrics-server-$ms_version-$ms_pins/bin"
 
+# build DIR DEST OUT PKG [LDFLAGS [GOFLAGS...]]: go build in DIR unless DEST/OUT exists.
 build() {
   local dir="$1" dest="$2" out="$3" pkg="$4" ldflags="${5:-}"
+  shift 5 || shift $#
   if [ ! -x "$dest/$out" ]; then
-    echo "build-k8s.sh: building $out ($pkg)" >&2
-    (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$dest/$out.tmp" "$pkg")
+    echo "build-k8s.sh: building $out ($pkg${*:+ $*})" >&2
+    (cd "$dir" && go build -trimpath "$@" -ldflags "$ldflags" -o "$dest/$out.tmp" "$pkg")
     mv "$dest/$out.tmp" "$dest/$out"
   fi
 }
 
-mkdir -p "$bin" "$own" "$ms"
-minor="${k8s_version#v1.}"
-minor="${minor%%.*}"
-version_flags="-X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-build "$src/etcd" "$bin" etcd .
-build "$src/k8s" "$bin" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$version_flags"
-build "$src/k8s" "$bin" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$version_flags"
-build "$src/k8s" "$own" leafkubelet ./cmd/leafkubelet "$version_flags"
-ln -sf "$own/leafkubelet" "$bin/leafkubelet"
+mkdir -p "$ms"
 build "$src/metrics-server" "$ms" metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server
-ln -sf "$ms/metrics-server" "$bin/metrics-server"
 
-echo "build-k8s.sh: kubernetes $k8s_version, etcd $etcd_version, metrics-server $ms_version" >&2
-echo "$bin"
+# kubernetes MODDIR [TAG]: one Kubernetes version's components, from the go.mod in MODDIR;
+# leafkubelet's source is always tests/realk8s/k8s, built with MODDIR's go.mod and TAG.
+kubernetes() {
+  local moddir="$1" tag="${2:-}"
+  local modfile="$moddir/go.mod" sumfile="$moddir/go.sum"
+  local version
+  version="$(cd "$src/k8s" && go list -modfile="$modfile" -m -f '{{.Version}}' k8s.io/kubernetes)"
+  [ -n "$version" ] || {
+    echo "build-k8s.sh: cannot read the pinned Kubernetes version from $modfile" >&2
+    exit 1
+  }
+  # The upstream components are keyed by the pins alone, leafkubelet by its source as well, so
+  # changing leafkubelet does not relink kube-apiserver.
+  local pins ours
+  pins="$(cat "$modfile" "$sumfile" "$src/etcd/go.mod" "$src/etcd/go.sum" | sha256sum | cut -c1-16)"
+  ours="$({ echo "$version $tag"; cat "$sumfile"; find "$src/k8s" -name '*.go' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)"
+  local bin="$cache/$version-etcd-$etcd_version-$pins/bin" own="$cache/leafkubelet-$ours/bin"
+  mkdir -p "$bin" "$own"
+  local minor="${version#v1.}"
+  minor="${minor%%.*}"
+  local version_flags="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+  local mod=(-modfile="$modfile")
+  build "$src/etcd" "$bin" etcd . ""
+  build "$src/k8s" "$bin" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$version_flags" "${mod[@]}"
+  build "$src/k8s" "$bin" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$version_flags" "${mod[@]}"
+  build "$src/k8s" "$own" leafkubelet ./cmd/leafkubelet "$version_flags" "${mod[@]}" ${tag:+-tags "$tag"}
+  ln -sf "$own/leafkubelet" "$bin/leafkubelet"
+  ln -sf "$ms/metrics-server" "$bin/metrics-server"
+  echo "build-k8s.sh: kubernetes $version, etcd $etcd_version, metrics-server $ms_version" >&2
+  echo "$version $bin"
+}
+
+kubernetes "$src/k8s"
+kubernetes "$src/k8s-1.37" k8s137

@@ -13,18 +13,6 @@ pub type Socket =
 
 /// Opens `sh -c <script>` in container `main` of `pod` (stdout and stderr) with `protocol`.
 pub async fn open(e: &Env, pod: &str, script: &str, protocol: Protocol) -> Socket {
-    let identity = e
-        .sandbox
-        .root
-        .ca
-        .issue_client("ws-user", &["system:masters"])
-        .expect("client certificate");
-    let tls = e
-        .sandbox
-        .root
-        .ca
-        .client_config(Some(&identity))
-        .expect("TLS settings");
     let addr = e
         .sandbox
         .root
@@ -32,9 +20,27 @@ pub async fn open(e: &Env, pod: &str, script: &str, protocol: Protocol) -> Socke
         .url()
         .trim_start_matches("https://")
         .to_string();
-    let tcp = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
+    open_at(admin_tls(&e.sandbox.root.ca), &addr, pod, script, protocol).await
+}
+
+/// TLS settings of a `system:masters` user of the cluster whose CA is `ca`.
+pub fn admin_tls(ca: &relaylet_sim::tls::Ca) -> std::sync::Arc<rustls::ClientConfig> {
+    let identity = ca
+        .issue_client("ws-user", &["system:masters"])
+        .expect("client certificate");
+    ca.client_config(Some(&identity)).expect("TLS settings")
+}
+
+/// [`open`] against the apiserver at `addr` (host:port) with `tls` (see [`admin_tls`]), e.g. a
+/// real root apiserver.
+pub async fn open_at(
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    addr: &str,
+    pod: &str,
+    script: &str,
+    protocol: Protocol,
+) -> Socket {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
     let stream = tokio_rustls::TlsConnector::from(tls)
         .connect(name, tcp)

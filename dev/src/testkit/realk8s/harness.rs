@@ -12,6 +12,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,10 +21,48 @@ use std::time::{Duration, Instant};
 
 use relaylet_sim::tls::Ca;
 
-/// The directory holding the built components (built or reused on first call).
-pub fn bin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
+/// A Kubernetes version the real suites run, each built from its own module by
+/// `tests/tools/build-k8s.sh` (`tests/realk8s/k8s` is 1.35, `tests/realk8s/k8s-1.37` 1.37). A
+/// world picks one for its root and one for its leaves, so the suites test each version at both
+/// ends without running twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum K8s {
+    V1_35,
+    V1_37,
+}
+
+impl K8s {
+    /// `1.35`, as the world's first output line names it.
+    pub fn minor(self) -> &'static str {
+        match self {
+            K8s::V1_35 => "1.35",
+            K8s::V1_37 => "1.37",
+        }
+    }
+
+    /// The exact version built (`v1.35.4`), as build-k8s.sh reports it.
+    pub fn version(self) -> &'static str {
+        &self.built().0
+    }
+
+    /// The directory holding this version's components (built or reused on first call).
+    pub fn bin_dir(self) -> &'static Path {
+        &self.built().1
+    }
+
+    fn built(self) -> &'static (String, PathBuf) {
+        let prefix = format!("v{}.", self.minor());
+        built()
+            .iter()
+            .find(|(version, _)| version.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("tests/tools/build-k8s.sh built no Kubernetes {prefix}x"))
+    }
+}
+
+/// What build-k8s.sh built: one `version directory` line per Kubernetes version.
+fn built() -> &'static [(String, PathBuf)] {
+    static BUILT: OnceLock<Vec<(String, PathBuf)>> = OnceLock::new();
+    BUILT.get_or_init(|| {
         let script = crate::workspace_root().join("tests/tools/build-k8s.sh");
         let out = Command::new("bash")
             .arg(&script)
@@ -34,9 +73,24 @@ pub fn bin_dir() -> &'static Path {
             out.status.success(),
             "tests/tools/build-k8s.sh failed (its output is above): the real Kubernetes components did not build"
         );
-        let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        PathBuf::from(dir)
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| line.split_once(' '))
+            .map(|(version, dir)| (version.to_string(), PathBuf::from(dir.trim())))
+            .collect()
     })
+}
+
+/// Tells the run's output which versions a world runs, before anything is built or started;
+/// written to the process's stderr directly, past the test harness's capture.
+pub fn announce(root: K8s, leaves: K8s) {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "real Kubernetes: root {}, leaves {} (built by tests/tools/build-k8s.sh)",
+        root.minor(),
+        leaves.minor()
+    );
 }
 
 /// A free loopback port (bind, read, release; the component binds it a moment later).
@@ -56,10 +110,25 @@ pub struct Process {
 
 impl Process {
     pub(super) fn spawn(name: &str, dir: &Path, program: &Path, args: &[String]) -> Process {
+        Process::spawn_with_env(name, dir, program, args, &BTreeMap::new())
+    }
+
+    /// [`spawn`](Self::spawn) with exactly `env` as the environment.
+    pub fn spawn_with_env(
+        name: &str,
+        dir: &Path,
+        program: &Path,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+    ) -> Process {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file");
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        if !env.is_empty() {
+            command.env_clear().envs(env);
+        }
+        let child = command
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
@@ -157,6 +226,8 @@ pub struct ControlPlane {
     pub etcd: Process,
     pub apiserver: Process,
     pub controller_manager: Option<Process>,
+    /// The Kubernetes version of every process here.
+    pub version: K8s,
     pub kubelets: Vec<Process>,
     apiserver_args: Vec<String>,
 }
@@ -170,12 +241,14 @@ pub struct Options {
     /// `--kubelet-certificate-authority` set to the cluster CA: the apiserver verifies every
     /// kubelet's serving certificate, as a hardened control plane (CIS 1.2.5) does.
     pub verify_kubelet_certificates: bool,
+    /// The Kubernetes version of the control plane and its kubelets.
+    pub version: K8s,
 }
 
 impl ControlPlane {
     /// Starts etcd, kube-apiserver (and kube-controller-manager) under `parent/name`.
     pub fn start(parent: &Path, options: Options) -> ControlPlane {
-        let bin = bin_dir();
+        let bin = options.version.bin_dir();
         let dir = parent.join(&options.name);
         std::fs::create_dir_all(&dir).expect("cluster dir");
         let write = |name: &str, text: &str| {
@@ -329,6 +402,7 @@ impl ControlPlane {
             etcd,
             apiserver,
             controller_manager: None,
+            version: options.version,
             kubelets: Vec::new(),
             apiserver_args,
         };
@@ -421,7 +495,7 @@ impl ControlPlane {
         let mut kubelet = Process::spawn(
             &format!("leafkubelet-{node}"),
             &self.dir,
-            &bin_dir().join("leafkubelet"),
+            &self.version.bin_dir().join("leafkubelet"),
             &args,
         );
         let kubeconfig = self.admin_kubeconfig.clone();
@@ -488,7 +562,7 @@ impl ControlPlane {
         self.apiserver = Process::spawn(
             "kube-apiserver",
             &self.dir,
-            &bin_dir().join("kube-apiserver"),
+            &self.version.bin_dir().join("kube-apiserver"),
             &self.apiserver_args,
         );
         let kubeconfig = self.admin_kubeconfig.clone();

@@ -147,7 +147,7 @@ impl ControlPlane {
         let mut process = Process::spawn(
             "metrics-server",
             &self.dir,
-            &super::harness::bin_dir().join("metrics-server"),
+            &self.version.bin_dir().join("metrics-server"),
             &args,
         );
         wait_until(

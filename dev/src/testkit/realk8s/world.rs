@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::harness::{self, ControlPlane, Options};
+use super::harness::{self, ControlPlane, K8s, Options};
 
 pub const RELAYLET_NAMESPACE: &str = "relaylet";
 
@@ -47,6 +47,10 @@ pub struct Setup {
     /// [`super::addresses`]) instead of loopback ones: the root apiserver's node proxy refuses
     /// to dial loopback ("address not allowed"). Needs root.
     pub routable_replicas: bool,
+    /// The root cluster's Kubernetes version.
+    pub root_version: K8s,
+    /// The leaf clusters' Kubernetes version (apiserver and leafkubelet).
+    pub leaf_version: K8s,
 }
 
 impl Default for Setup {
@@ -62,6 +66,8 @@ impl Default for Setup {
             replica_pods: false,
             wait_for_nodes: true,
             routable_replicas: false,
+            root_version: K8s::V1_35,
+            leaf_version: K8s::V1_35,
         }
     }
 }
@@ -103,6 +109,7 @@ pub fn leaf_node(leaf: &str) -> String {
 
 impl World {
     pub fn start(setup: Setup) -> World {
+        harness::announce(setup.root_version, setup.leaf_version);
         let dir = tempfile::Builder::new()
             .prefix("relaylet-real-k8s-")
             .tempdir()
@@ -122,6 +129,7 @@ impl World {
                 preferred_address_types: setup.root_address_order.into(),
                 controller_manager: true,
                 verify_kubelet_certificates: setup.verify_kubelet_certificates,
+                version: setup.root_version,
             },
         );
         // The root: relaylet's namespace, ServiceAccount and RBAC exactly as the chart renders.
@@ -146,6 +154,7 @@ impl World {
                     preferred_address_types: "InternalIP,Hostname".into(),
                     controller_manager: false,
                     verify_kubelet_certificates: false,
+                    version: setup.leaf_version,
                 },
             );
             leaf.add_kubelet(&leaf_node(name));
@@ -252,6 +261,33 @@ impl World {
             running,
             shutdown,
         }
+    }
+
+    /// Starts the shipped relaylet binary (`env!("CARGO_BIN_EXE_relaylet")`) as replica `i`,
+    /// its own process on replica `i`'s address with the chart's env and `extra` over it, for
+    /// tests that kill it. It joins the leader election; its log is `relaylet-<i>.log` in the
+    /// world's directory.
+    pub fn spawn_relaylet_process(
+        &self,
+        i: usize,
+        binary: &Path,
+        extra: &[(&str, &str)],
+    ) -> harness::Process {
+        let kubeconfig = self.dir.path().join(format!("relaylet-{i}.kubeconfig"));
+        std::fs::write(&kubeconfig, self.replica_kubeconfig(i)).expect("write kubeconfig");
+        let mut env = self.replica_env(i);
+        env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());
+        env.insert("RUST_LOG".into(), "info".into());
+        for (k, v) in extra {
+            env.insert(k.to_string(), v.to_string());
+        }
+        harness::Process::spawn_with_env(
+            &format!("relaylet-{i}"),
+            self.dir.path(),
+            binary,
+            &[],
+            &env,
+        )
     }
 
     /// Stops replica `i` as a rollout does (SIGTERM: stop accepting, give up leadership).

@@ -22,11 +22,6 @@ import (
 	"time"
 
 	"github.com/creack/pty"
-	"k8s.io/apimachinery/pkg/types"
-	remotecommandconsts "k8s.io/apimachinery/pkg/util/remotecommand"
-	"k8s.io/client-go/tools/remotecommand"
-	"k8s.io/kubelet/pkg/cri/streaming/portforward"
-	remotecommandserver "k8s.io/kubelet/pkg/cri/streaming/remotecommand"
 	utilexec "k8s.io/utils/exec"
 )
 
@@ -48,17 +43,17 @@ func (h *host) routes() http.Handler {
 }
 
 // target reads {ns}/{pod}[/{uid}]/{container} (or {ns}/{pod}[/{uid}] without a container).
-func target(path string, withContainer bool) (key string, uid types.UID, container string, ok bool) {
+func target(path string, withContainer bool) (key string, uid podUID, container string, ok bool) {
 	parts := splitPath(path)[1:]
 	switch {
 	case withContainer && len(parts) == 3:
 		return parts[0] + "/" + parts[1], "", parts[2], true
 	case withContainer && len(parts) == 4:
-		return parts[0] + "/" + parts[1], types.UID(parts[2]), parts[3], true
+		return parts[0] + "/" + parts[1], podUID(parts[2]), parts[3], true
 	case !withContainer && len(parts) == 2:
 		return parts[0] + "/" + parts[1], "", "", true
 	case !withContainer && len(parts) == 3:
-		return parts[0] + "/" + parts[1], types.UID(parts[2]), "", true
+		return parts[0] + "/" + parts[1], podUID(parts[2]), "", true
 	}
 	return "", "", "", false
 }
@@ -73,13 +68,13 @@ func (h *host) serveExec(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	opts, err := remotecommandserver.NewOptions(req)
+	opts, err := newStreamOptions(req)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	remotecommandserver.ServeExec(w, req, h, key, uid, container, req.URL.Query()["command"], opts,
-		idleTimeout, streamCreationTimeout, remotecommandconsts.SupportedStreamingProtocols)
+	serveExec(w, req, h, key, uid, container, req.URL.Query()["command"], opts,
+		idleTimeout, streamCreationTimeout, remoteCommandProtocols)
 }
 
 func (h *host) serveAttach(w http.ResponseWriter, req *http.Request) {
@@ -92,13 +87,13 @@ func (h *host) serveAttach(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	opts, err := remotecommandserver.NewOptions(req)
+	opts, err := newStreamOptions(req)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	remotecommandserver.ServeAttach(w, req, h, key, uid, container, opts,
-		idleTimeout, streamCreationTimeout, remotecommandconsts.SupportedStreamingProtocols)
+	serveAttach(w, req, h, key, uid, container, opts,
+		idleTimeout, streamCreationTimeout, remoteCommandProtocols)
 }
 
 func (h *host) servePortForward(w http.ResponseWriter, req *http.Request) {
@@ -111,19 +106,19 @@ func (h *host) servePortForward(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	opts, err := portforward.NewV4Options(req)
+	opts, err := newPortForwardOptions(req)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	portforward.ServePortForward(w, req, h, key, uid, opts, idleTimeout, streamCreationTimeout,
-		portforward.SupportedProtocols)
+	servePortForward(w, req, h, key, uid, opts, idleTimeout, streamCreationTimeout,
+		portForwardProtocols)
 }
 
 // ExecInContainer runs cmd as a local process with the container's environment; a non-zero
 // exit is an ExitError, which the streaming code reports as the exit code.
-func (h *host) ExecInContainer(ctx context.Context, key string, uid types.UID, container string, cmd []string,
-	in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize, _ time.Duration) error {
+func (h *host) ExecInContainer(ctx context.Context, key string, uid podUID, container string, cmd []string,
+	in io.Reader, out, errOut io.WriteCloser, tty bool, resize <-chan terminalSize, _ time.Duration) error {
 	run, c, err := h.lookup(key, uid, container)
 	if err != nil {
 		return err
@@ -152,7 +147,7 @@ func (h *host) ExecInContainer(ctx context.Context, key string, uid types.UID, c
 	return exitError(proc.Run())
 }
 
-func runWithTTY(proc *exec.Cmd, in io.Reader, out io.Writer, resize <-chan remotecommand.TerminalSize) error {
+func runWithTTY(proc *exec.Cmd, in io.Reader, out io.Writer, resize <-chan terminalSize) error {
 	// The client sends its terminal's size right after the streams are made; start the
 	// process with it, as runtimes start a container's process with the console size, so the
 	// first thing the process reads is the client's size.
@@ -197,8 +192,8 @@ func exitError(err error) error {
 }
 
 // AttachContainer joins the container's main process: its output from now on, and its stdin.
-func (h *host) AttachContainer(ctx context.Context, key string, uid types.UID, container string,
-	in io.Reader, out, errOut io.WriteCloser, _ bool, _ <-chan remotecommand.TerminalSize) error {
+func (h *host) AttachContainer(ctx context.Context, key string, uid podUID, container string,
+	in io.Reader, out, errOut io.WriteCloser, _ bool, _ <-chan terminalSize) error {
 	_, c, err := h.lookup(key, uid, container)
 	if err != nil {
 		return err
@@ -239,7 +234,7 @@ func (h *host) AttachContainer(ctx context.Context, key string, uid types.UID, c
 }
 
 // PortForward connects a forwarded stream to the local port of the pod's container port.
-func (h *host) PortForward(_ context.Context, key string, uid types.UID, port int32, stream io.ReadWriteCloser) error {
+func (h *host) PortForward(_ context.Context, key string, uid podUID, port int32, stream io.ReadWriteCloser) error {
 	defer stream.Close()
 	run, _, err := h.lookup(key, uid, "")
 	if err != nil {

@@ -515,11 +515,11 @@ func (h *host) writeStatus(ctx context.Context, run *podRun) {
 func boolPtr(b bool) *bool { return &b }
 
 // lookup finds a running pod's container by namespace/name; uid must match when given.
-func (h *host) lookup(key string, uid types.UID, container string) (*podRun, *containerRun, error) {
+func (h *host) lookup(key string, uid podUID, container string) (*podRun, *containerRun, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	run, ok := h.pods[key]
-	if !ok || (uid != "" && run.pod.UID != uid) {
+	if !ok || (uid != "" && run.pod.UID != types.UID(uid)) {
 		return nil, nil, fmt.Errorf("pod %q does not exist", key)
 	}
 	if container == "" {

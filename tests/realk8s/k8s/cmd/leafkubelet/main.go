@@ -2,7 +2,8 @@
 // Node with a real (leaf) kube-apiserver and keeps its Lease, runs the containers of the pods
 // bound to that Node as local processes, reports their status as a kubelet would, and serves
 // the kubelet API the apiserver calls: exec, attach and portForward with the kubelet's own
-// streaming code (k8s.io/kubelet/pkg/cri/streaming, SPDY and WebSocket), and containerLogs from
+// streaming code (k8s.io/kubelet/pkg/cri/streaming up to 1.35, k8s.io/cri-streaming since 1.36;
+// SPDY and WebSocket; streaming_13*.go), and containerLogs from
 // CRI-format log files.
 //
 // It is test equipment: one process per leaf node, all on loopback. Containers share the host's
