@@ -640,19 +640,29 @@ async fn spread_over(
 }
 
 /// Asserts that every change of `node`'s first address since `since` was to the address of the
-/// replica the same version names as its writer: no replica wrote a Node it did not hold.
+/// replica the same version names as its writer, with one exception a lease cannot rule out: a
+/// write the previous writer sent just before it stopped (a starved replica) may land after the
+/// new writer's claim; the new writer's watch then puts its own address back at once, so such a
+/// version must be followed directly by the writer's address.
 fn addresses_follow_the_writer(store: &Store, since: u64, node: &str, ips: &BTreeMap<&str, &str>) {
     let versions = versions_since::<Node>(store, since, "nodes", node);
-    for pair in versions.windows(2) {
-        let (before, after) = (first_address(&pair[0]), first_address(&pair[1]));
-        if before == after {
+    let history: Vec<(String, Option<String>)> = versions
+        .iter()
+        .map(|v| (served_by(v), first_address(v).map(|a| a.1)))
+        .collect();
+    let mut changes = history
+        .windows(2)
+        .filter(|p| p[0].1 != p[1].1)
+        .map(|p| &p[1]);
+    while let Some((writer, address)) = changes.next() {
+        let writers_ip = ips.get(writer.as_str()).map(|ip| ip.to_string());
+        if *address == writers_ip {
             continue;
         }
-        let writer = served_by(&pair[1]);
-        assert_eq!(
-            after.map(|a| a.1).as_deref(),
-            ips.get(writer.as_str()).copied(),
-            "{node}: an address written while the Node named {writer}"
+        let next = changes.next();
+        assert!(
+            next.is_some_and(|(w, a)| w == writer && *a == writers_ip),
+            "{node}: an address written while the Node named {writer}, not put back: {history:?}"
         );
     }
 }
@@ -834,6 +844,10 @@ async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
             .await
             .expect("client");
         let pods: Api<Pod> = Api::namespaced(client, "default");
+        let stayed_before = sessions_of(
+            &replicas["relaylet-2"],
+            moving.trim_start_matches("relaylet-"),
+        );
         let mut open = pods
             .exec(
                 &pod,
@@ -864,6 +878,12 @@ async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
         assert_eq!(out, "got-later\n");
         let status = open.take_status().expect("status").await;
         assert_eq!(status.and_then(|s| s.status).as_deref(), Some("Success"));
+        // Counted where it ran, once it has ended there.
+        let moved_leaf = moving.trim_start_matches("relaylet-");
+        wait_for("the open session is counted by relaylet-2", || {
+            (sessions_of(&replicas["relaylet-2"], moved_leaf) > stayed_before).then_some(())
+        })
+        .await;
         sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
 
         for node in &nodes {
@@ -994,7 +1014,9 @@ async fn exec_with_order(order: Option<&[&str]>) {
             .await
             .expect_err("the root dialled the hostname label, which is no address of relaylet");
         let err = format!("{err:#}");
-        assert!(err.contains(&format!("cannot connect to {NODE}:")), "{err}");
+        // The root names the host it dialled (its wording depends on whether it translates
+        // the call or proxies it: relaylet declares ExtendWebSocketsToKubelet).
+        assert!(err.contains(&format!(" {NODE}:")), "{err}");
     }
     drop(replica);
 }
