@@ -8,6 +8,7 @@
 #   etcd                                     go.etcd.io/etcd/server/v3 (tests/realk8s/etcd)
 #   leafkubelet                              our small kubelet on the kubelet's streaming code
 #   metrics-server                           sigs.k8s.io/metrics-server (tests/realk8s/metrics-server)
+#   proxy-server, proxy-agent                sigs.k8s.io/apiserver-network-proxy (tests/realk8s/konnectivity)
 #
 # Cache: $RELAYLET_K8S_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/relaylet/k8s. Nothing built
 # lands in the repository. A component that does not build stops this script with Go's error.
@@ -56,6 +57,24 @@ build "$src/k8s" "$own" leafkubelet ./cmd/leafkubelet "$version_flags"
 ln -sf "$own/leafkubelet" "$bin/leafkubelet"
 build "$src/metrics-server" "$ms" metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server
 ln -sf "$ms/metrics-server" "$bin/metrics-server"
+
+# The Kubernetes network proxy (konnectivity): its proxy server and agent, for the test of
+# leaves behind NAT (issue 30). Self-contained: its own pin (tests/realk8s/konnectivity), cache
+# directory and links.
+konn_dir="$src/konnectivity"
+konn_version="$(cd "$konn_dir" && go list -m -f '{{.Version}}' sigs.k8s.io/apiserver-network-proxy)"
+[ -n "$konn_version" ] || {
+  echo "build-k8s.sh: cannot read the konnectivity pin from $konn_dir/go.mod" >&2
+  exit 1
+}
+konn_pins="$(cat "$konn_dir/go.mod" "$konn_dir/go.sum" | sha256sum | cut -c1-16)"
+konn="$cache/konnectivity-$konn_version-$konn_pins/bin"
+mkdir -p "$konn"
+build "$konn_dir" "$konn" proxy-server sigs.k8s.io/apiserver-network-proxy/cmd/server
+build "$konn_dir" "$konn" proxy-agent sigs.k8s.io/apiserver-network-proxy/cmd/agent
+ln -sf "$konn/proxy-server" "$bin/proxy-server"
+ln -sf "$konn/proxy-agent" "$bin/proxy-agent"
+echo "build-k8s.sh: konnectivity (apiserver-network-proxy) $konn_version" >&2
 
 echo "build-k8s.sh: kubernetes $k8s_version, etcd $etcd_version, metrics-server $ms_version" >&2
 echo "$bin"
