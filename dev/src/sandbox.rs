@@ -646,7 +646,7 @@ async fn leaf_secret_data(
             ByteString(kubeconfig.into_bytes()),
         )]));
     };
-    let behind = crate::testkit::proxy::behind_proxy(*kind, name, &kubeconfig, leaf.api.addr)
+    let behind = crate::testkit::proxy::behind_proxy(kind, name, &kubeconfig, leaf.api.addr)
         .await
         .with_context(|| format!("putting leaf {name} behind a proxy"))?;
     let mut data = BTreeMap::from([(
@@ -656,6 +656,8 @@ async fn leaf_secret_data(
     for (key, value) in behind.secret_keys {
         data.insert(key, ByteString(value));
     }
-    proxies.insert(name.to_string(), behind.proxy);
+    if let Some(proxy) = behind.proxy {
+        proxies.insert(name.to_string(), proxy);
+    }
     Ok(data)
 }

@@ -317,7 +317,7 @@ async fn socks5_handshake(conn: &mut TcpStream, auth: Option<&(String, String)>)
 }
 
 /// The proxy a sandbox leaf is reached through (`Settings::leaf_proxies`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeafProxyKind {
     /// `http://relaylet:pa%40ss@…`: HTTP CONNECT with Basic credentials.
     Http,
@@ -327,6 +327,12 @@ pub enum LeafProxyKind {
     Https,
     /// `socks5://relaylet:s0cks@…`: SOCKS5 with user and password.
     Socks5,
+    /// A proxy the test runs itself (the real konnectivity server): the leaf keeps its
+    /// `server`, and the Secret gets this `proxy-url` and these extra keys.
+    External {
+        url: String,
+        keys: Vec<(String, Vec<u8>)>,
+    },
 }
 
 /// The user and (decoded) password the HTTP proxy's URL carries.
@@ -336,7 +342,8 @@ pub const SOCKS5_PROXY_CREDENTIALS: (&str, &str) = ("relaylet", "s0cks");
 
 /// A leaf put behind a proxy: the proxy, and the leaf Secret's kubeconfig and extra keys.
 pub struct BehindProxy {
-    pub proxy: TestProxy,
+    /// The test kit's proxy (`None` for [`LeafProxyKind::External`]).
+    pub proxy: Option<TestProxy>,
     pub kubeconfig: String,
     /// Extra leaf Secret keys (the proxy's TLS material for `https://`).
     pub secret_keys: Vec<(String, Vec<u8>)>,
@@ -347,45 +354,54 @@ pub struct BehindProxy {
 /// the proxy resolves (`<leaf>.behind-nat.invalid`), verified as `localhost` (a name in the
 /// apiserver's certificate), with `proxy-url` naming the proxy.
 pub async fn behind_proxy(
-    kind: LeafProxyKind,
+    kind: &LeafProxyKind,
     leaf: &str,
     kubeconfig: &str,
     apiserver: SocketAddr,
 ) -> anyhow::Result<BehindProxy> {
+    let server_line = format!("    server: \"https://{apiserver}\"\n");
+    anyhow::ensure!(
+        kubeconfig.contains(&server_line),
+        "the leaf kubeconfig has no line {server_line:?}"
+    );
+    if let LeafProxyKind::External { url, keys } = kind {
+        return Ok(BehindProxy {
+            proxy: None,
+            kubeconfig: kubeconfig.replace(
+                &server_line,
+                &format!("{server_line}    proxy-url: \"{url}\"\n"),
+            ),
+            secret_keys: keys.clone(),
+        });
+    }
     let mut secret_keys = Vec::new();
-    let proxy_kind = match kind {
-        LeafProxyKind::Http => ProxyKind::Connect,
+    let (proxy_kind, url_prefix) = match kind {
+        LeafProxyKind::Http => (ProxyKind::Connect, "http://relaylet:pa%40ss@".to_string()),
         LeafProxyKind::Socks5 => {
             let (user, password) = SOCKS5_PROXY_CREDENTIALS;
-            ProxyKind::Socks5(Some((user.to_string(), password.to_string())))
+            (
+                ProxyKind::Socks5(Some((user.to_string(), password.to_string()))),
+                format!("socks5://{user}:{password}@"),
+            )
         }
-        LeafProxyKind::Https => {
+        LeafProxyKind::Https | LeafProxyKind::External { .. } => {
             let ca = relaylet_sim::tls::Ca::new("proxy-ca")?;
             let serving = ca.issue_server(&["127.0.0.1", "localhost"])?;
             let client = ca.issue_client("relaylet-proxy-client", &[])?;
             secret_keys.push(("proxy-ca.crt".to_string(), ca.cert_pem().into_bytes()));
             secret_keys.push(("proxy-client.crt".to_string(), client.cert_pem.into_bytes()));
             secret_keys.push(("proxy-client.key".to_string(), client.key_pem.into_bytes()));
-            ProxyKind::ConnectTls(ca.server_config_requiring_clients(&serving)?)
+            (
+                ProxyKind::ConnectTls(ca.server_config_requiring_clients(&serving)?),
+                "https://".to_string(),
+            )
         }
     };
     let proxy = TestProxy::start(proxy_kind).await?;
     let host = format!("{leaf}.behind-nat.invalid");
     let port = apiserver.port();
     proxy.route(&format!("{host}:{port}"), apiserver);
-    let proxy_url = match kind {
-        LeafProxyKind::Http => format!("http://relaylet:pa%40ss@{}", proxy.addr),
-        LeafProxyKind::Https => format!("https://localhost:{}", proxy.addr.port()),
-        LeafProxyKind::Socks5 => {
-            let (user, password) = SOCKS5_PROXY_CREDENTIALS;
-            format!("socks5://{user}:{password}@{}", proxy.addr)
-        }
-    };
-    let server_line = format!("    server: \"https://{apiserver}\"\n");
-    anyhow::ensure!(
-        kubeconfig.contains(&server_line),
-        "the leaf kubeconfig has no line {server_line:?}"
-    );
+    let proxy_url = format!("{url_prefix}{}", proxy.addr);
     let kubeconfig = kubeconfig.replace(
         &server_line,
         &format!(
@@ -393,7 +409,7 @@ pub async fn behind_proxy(
         ),
     );
     Ok(BehindProxy {
-        proxy,
+        proxy: Some(proxy),
         kubeconfig,
         secret_keys,
     })

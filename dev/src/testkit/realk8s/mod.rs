@@ -4,5 +4,6 @@
 
 pub mod addresses;
 pub mod harness;
+pub mod konnectivity;
 pub mod metrics_server;
 pub mod world;
