@@ -602,9 +602,7 @@ mod tests {
             LeafProxy::new("https://p:8090", &ProxyTls::default()).unwrap_err(),
             ProxySetupError::NoCa
         );
-        let ca = rcgen::CertifiedKey::from(
-            rcgen::generate_simple_self_signed(vec!["p".to_string()]).unwrap(),
-        );
+        let ca = rcgen::generate_simple_self_signed(vec!["p".to_string()]).unwrap();
         let half = ProxyTls {
             ca: Some(ca.cert.pem().into_bytes()),
             client_cert: Some(ca.cert.pem().into_bytes()),
