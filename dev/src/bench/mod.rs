@@ -36,7 +36,7 @@ pub struct Options {
     pub json: bool,
     /// Tiny sizes, for the smoke test: every figure, measured on almost nothing.
     pub smoke: bool,
-    /// Only these groups of figures (`--only bulk,rtt,setup,memory`); all when empty.
+    /// Only these groups of figures (`--only bulk,rtt,setup,memory,proxy`); all when empty.
     pub only: Groups,
 }
 
@@ -85,7 +85,7 @@ impl Groups {
     }
 
     fn any(&self) -> bool {
-        self.bulk || self.rtt || self.setup || self.memory
+        self.bulk || self.rtt || self.setup || self.memory || self.proxy
     }
 }
 
@@ -686,6 +686,8 @@ mod tests {
 
     #[test]
     fn bad_options_are_named() {
+        let proxy = parse(&["--only", "proxy"]).unwrap();
+        assert!(proxy.only.proxy && !proxy.only.bulk && !proxy.only.memory);
         let err = parse(&["--only", "setup,cpu"]).unwrap_err().to_string();
         assert!(err.contains("\"cpu\""), "{err}");
         let err = parse(&["--only"]).unwrap_err().to_string();
