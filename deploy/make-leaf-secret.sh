@@ -20,6 +20,12 @@ usage: make-leaf-secret.sh --leaf-context CONTEXT --name LEAF [options]
   --node-name NAME        virtual node name (annotation relaylet.io/node-name)
   --node-labels K=V,...   extra virtual node labels (annotation relaylet.io/node-labels)
   --node-taints SPEC      taints replacing the default, key[=value]:Effect,... ("" for none)
+  --proxy-url URL         reach the leaf through this proxy (kubeconfig proxy-url): http://,
+                          https:// or socks5://, e.g. the konnectivity server beside relaylet
+  --proxy-ca FILE         PEM CA that verifies an https:// proxy (Secret key proxy-ca.crt)
+  --proxy-client-cert FILE, --proxy-client-key FILE
+                          PEM client certificate and key for an https:// proxy (Secret keys
+                          proxy-client.crt, proxy-client.key)
   --apply-rbac            first apply deploy/leaf-rbac.yaml to the leaf cluster
   --token-file FILE       use this ServiceAccount token (e.g. from `kubectl create token
                           relaylet-leaf -n relaylet --duration=...`) instead of the long-lived
@@ -49,6 +55,10 @@ set_taints=false
 apply_rbac=false
 dry_run=false
 token_file=""
+proxy_url=""
+proxy_ca=""
+proxy_client_cert=""
+proxy_client_key=""
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -63,6 +73,10 @@ while [ $# -gt 0 ]; do
       [ $# -ge 2 ] || die "--node-taints needs a value (\"\" for none)"
       node_taints="$2"; set_taints=true; shift 2 ;;
     --apply-rbac) apply_rbac=true; shift ;;
+    --proxy-url) proxy_url="${2:?--proxy-url needs a value}"; shift 2 ;;
+    --proxy-ca) proxy_ca="${2:?--proxy-ca needs a value}"; shift 2 ;;
+    --proxy-client-cert) proxy_client_cert="${2:?--proxy-client-cert needs a value}"; shift 2 ;;
+    --proxy-client-key) proxy_client_key="${2:?--proxy-client-key needs a value}"; shift 2 ;;
     --token-file) token_file="${2:?--token-file needs a value}"; shift 2 ;;
     --dry-run) dry_run=true; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -75,6 +89,26 @@ done
 if ! [[ "$name" =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]]; then
   die "--name $name is not a DNS label (lowercase letters, digits, '-', at most 63)"
 fi
+case "$proxy_url" in
+  "" | http://* | https://* | socks5://*) ;;
+  *) die "--proxy-url must start with http://, https:// or socks5://" ;;
+esac
+if [ -n "$proxy_ca$proxy_client_cert$proxy_client_key" ]; then
+  case "$proxy_url" in
+    https://*) ;;
+    *) die "--proxy-ca and --proxy-client-* are for an https:// --proxy-url" ;;
+  esac
+fi
+case "$proxy_url" in
+  https://*) [ -n "$proxy_ca" ] || die "an https:// --proxy-url needs --proxy-ca" ;;
+esac
+if { [ -n "$proxy_client_cert" ] && [ -z "$proxy_client_key" ]; } ||
+  { [ -z "$proxy_client_cert" ] && [ -n "$proxy_client_key" ]; }; then
+  die "--proxy-client-cert and --proxy-client-key go together"
+fi
+for f in "$proxy_ca" "$proxy_client_cert" "$proxy_client_key"; do
+  [ -z "$f" ] || [ -r "$f" ] || die "cannot read $f"
+done
 kubectl="${KUBECTL:-kubectl}"
 command -v "$kubectl" >/dev/null || die "$kubectl is not on PATH (or set KUBECTL)"
 
@@ -130,6 +164,7 @@ umask 077
   echo "    cluster:"
   echo "      server: $leaf_server"
   echo "      certificate-authority-data: $ca_b64"
+  [ -z "$proxy_url" ] || echo "      proxy-url: $proxy_url"
   echo "users:"
   echo "  - name: relaylet-leaf"
   echo "    user:"
@@ -142,8 +177,13 @@ umask 077
   echo "current-context: $name"
 } >"$work/kubeconfig"
 
+proxy_files=()
+[ -z "$proxy_ca" ] || proxy_files+=(--from-file=proxy-ca.crt="$proxy_ca")
+[ -z "$proxy_client_cert" ] || proxy_files+=(--from-file=proxy-client.crt="$proxy_client_cert")
+[ -z "$proxy_client_key" ] || proxy_files+=(--from-file=proxy-client.key="$proxy_client_key")
 "${root[@]}" -n "$namespace" create secret generic "relaylet-leaf-$name" \
-  --from-file=kubeconfig="$work/kubeconfig" --dry-run=client -o yaml >"$work/secret.yaml"
+  --from-file=kubeconfig="$work/kubeconfig" ${proxy_files[@]+"${proxy_files[@]}"} \
+  --dry-run=client -o yaml >"$work/secret.yaml"
 "$kubectl" label --local -f "$work/secret.yaml" -o yaml \
   "relaylet.io/leaf-cluster=$name" >"$work/labelled.yaml"
 annotations=()

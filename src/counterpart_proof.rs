@@ -53,9 +53,11 @@ pub enum CounterpartError {
         leaf_namespace: String,
         why: String,
     },
-    /// The leaf apiserver did not answer (502).
+    /// The leaf apiserver did not answer (502). The cause is rendered whole: hyper's own
+    /// message leaves it out, and a dial error names the leaf's proxy.
     #[error(
-        "leaf cluster {leaf} is unreachable: checking pod {leaf_namespace}/{pod} there: {source}"
+        "leaf cluster {leaf} is unreachable: checking pod {leaf_namespace}/{pod} there: {cause}",
+        cause = crate::leaf_proxy::chain(&**source)
     )]
     Unreachable {
         pod: String,

@@ -23,29 +23,53 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
 use crate::dns::{check_dns_label, check_node_name};
+use crate::leaf_dialer::LeafDialer;
 use crate::leaf_names::{Claim, Reserved};
+use crate::leaf_proxy::{LeafProxy, ProxySetupError, ProxyTls};
 use crate::leaf_secret_refusal::{Refusal, Reporter};
 use crate::metrics::Metrics;
-use crate::read_ahead::ReadAheadConnector;
 use crate::warm_connector::{Sources, WarmConnector};
 
-/// The client for relayed streams: the same TLS settings, credentials and headers as
-/// `Client::try_from(config)`, but its TCP connections set `TCP_NODELAY`. kube's own connector
-/// leaves Nagle's algorithm on, which holds back an interactive session's small TLS records
-/// until the previous one is acknowledged (measured by `relaylet-dev bench`: p99 keystroke round
-/// trips of ~1.7 ms instead of ~0.15 ms). Its connector keeps a spare connection dialed for the
-/// next session (see [`WarmConnector`]).
+/// The client for ordinary API calls: kube's own stack (`Client::try_from`: connect, read and
+/// write timeouts, retries of server errors, auth, headers) on the leaf's dialer, so that it
+/// goes through the leaf's proxy. kube's own proxy support is not used: it would take
+/// `HTTPS_PROXY` from relaylet's environment for a kubeconfig without `proxy-url`.
+fn api_client(config: &kube::Config, dialer: LeafDialer) -> Result<Client, kube::Error> {
+    use kube::client::ConfigExt;
+    let mut https =
+        hyper_timeout::TimeoutConnector::new(config.rustls_https_connector_with_connector(dialer)?);
+    https.set_connect_timeout(config.connect_timeout);
+    https.set_read_timeout(config.read_timeout);
+    https.set_write_timeout(config.write_timeout);
+    https.set_reset_reader_on_write(config.reset_reader_on_write);
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, kube::client::Body>(https);
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(hyper);
+    Ok(Client::new(service, config.default_namespace.clone()))
+}
+
+/// The client for relayed streams: the same TLS settings, credentials and headers as the API
+/// client, on the same dialer (`TCP_NODELAY`, read-ahead, the leaf's proxy), without timeouts or
+/// retries. Its connector keeps a spare connection dialed for the next session (see
+/// [`WarmConnector`]).
 fn stream_client(
     config: &kube::Config,
+    dialer: LeafDialer,
     sources: Sources,
     spare: bool,
 ) -> Result<Client, kube::Error> {
     use kube::client::ConfigExt;
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
     let https = WarmConnector::new(
-        config.rustls_https_connector_with_connector(ReadAheadConnector(http))?,
+        config.rustls_https_connector_with_connector(dialer)?,
         sources,
         spare,
     );
@@ -58,6 +82,28 @@ fn stream_client(
         .map_err(tower::BoxError::from)
         .service(hyper);
     Ok(Client::new(service, config.default_namespace.clone()))
+}
+
+/// The `proxy-url` of the cluster the kubeconfig's current context uses (the entry kube builds
+/// the client from), if any.
+pub fn proxy_url(kubeconfig: &Kubeconfig) -> Option<&str> {
+    let context = kubeconfig.current_context.as_deref()?;
+    let cluster = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context)?
+        .context
+        .as_ref()?
+        .cluster
+        .as_str();
+    kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster)?
+        .cluster
+        .as_ref()?
+        .proxy_url
+        .as_deref()
 }
 
 /// Annotation on a leaf Secret that overrides its virtual node's name.
@@ -75,6 +121,8 @@ pub struct Leaf {
     pub client: Client,
     /// For relayed exec/attach/port-forward/logs: no timeouts, no retries.
     pub stream_client: Client,
+    /// The proxy every connection to this leaf goes through (`host:port`), if any.
+    pub proxy: Option<String>,
     /// Extra labels for the virtual Node (Secret annotation `relaylet.io/node-labels`).
     pub node_labels: BTreeMap<String, String>,
     /// Taints replacing the default one (Secret annotation `relaylet.io/node-taints`).
@@ -101,6 +149,12 @@ pub enum LeafError {
         leaf: String,
         #[source]
         source: kube::config::KubeconfigError,
+    },
+    #[error("leaf {leaf}: {source}")]
+    Proxy {
+        leaf: String,
+        #[source]
+        source: ProxySetupError,
     },
     #[error("leaf {leaf}: building client: {source}")]
     Client {
@@ -132,18 +186,36 @@ impl Leaf {
     ) -> Result<Leaf, LeafError> {
         let kubeconfig =
             Kubeconfig::from_yaml(kubeconfig_yaml).map_err(LeafError::kubeconfig(name))?;
-        Leaf::from_parsed(name, node_name, kubeconfig, metrics, spare).await
+        Leaf::from_parsed(
+            name,
+            node_name,
+            kubeconfig,
+            &ProxyTls::default(),
+            metrics,
+            spare,
+        )
+        .await
     }
 
     /// Builds a leaf's clients from a parsed kubeconfig, used as it is: a leaf Secret's must
-    /// have passed `leaf_kubeconfig::check` first (this reads the files it names).
+    /// have passed `leaf_kubeconfig::check` first (this reads the files it names). A
+    /// `proxy-url` is used with `proxy_tls` (the leaf Secret's keys for an `https://` proxy).
     pub async fn from_parsed(
         name: &str,
         node_name: &str,
         kubeconfig: Kubeconfig,
+        proxy_tls: &ProxyTls,
         metrics: &Metrics,
         spare: bool,
     ) -> Result<Leaf, LeafError> {
+        let proxy = proxy_url(&kubeconfig)
+            .map(|url| LeafProxy::new(url, proxy_tls))
+            .transpose()
+            .map_err(|source| LeafError::Proxy {
+                leaf: name.to_string(),
+                source,
+            })?;
+        let dialer = LeafDialer::new(name, proxy);
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
@@ -159,9 +231,11 @@ impl Leaf {
         Ok(Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
-            client: Client::try_from(config).map_err(client_err)?,
+            proxy: dialer.proxy().map(|p| p.url.to_string()),
+            client: api_client(&config, dialer.clone()).map_err(client_err)?,
             stream_client: stream_client(
                 &stream_config,
+                dialer,
                 metrics.leaf_connection_sources(name),
                 spare,
             )
@@ -219,7 +293,12 @@ impl Registry {
     /// Adds `leaf` in place of `old` (the same Secret's previous leaf, which may have had
     /// another name), in one step so watchers never see the leaf missing.
     fn replace(&self, old: Option<&Arc<Leaf>>, leaf: Leaf) -> Arc<Leaf> {
-        tracing::info!(leaf = %leaf.name, node = %leaf.node_name, "leaf cluster registered");
+        tracing::info!(
+            leaf = %leaf.name,
+            node = %leaf.node_name,
+            proxy = leaf.proxy.as_deref().unwrap_or("none"),
+            "leaf cluster registered"
+        );
         let leaf = Arc::new(leaf);
         self.leaves.send_modify(|map| {
             // A leaf renamed its node: drop the old entry so one leaf never has two nodes.
@@ -547,16 +626,19 @@ impl LeafSecrets {
             );
         }
         self.check_node(node_name).await?;
+        let proxy_tls = proxy_tls(secret);
         let mut leaf = Leaf::from_parsed(
             name,
             node_name,
             kubeconfig,
+            &proxy_tls,
             &self.metrics,
             self.config.leaf_spare_connection,
         )
         .await
         .map_err(|err| match err {
             LeafError::Kubeconfig { source, .. } => Refusal::Unusable(source.to_string()),
+            LeafError::Proxy { source, .. } => Refusal::Proxy(source),
             LeafError::Client { source, .. } => {
                 Refusal::Unusable(format!("building a client: {source}"))
             }
@@ -588,6 +670,22 @@ impl LeafSecrets {
                 message: err.to_string(),
             }),
         }
+    }
+}
+
+/// The leaf Secret's TLS material for an `https://` proxy (keys in `leaf_proxy`).
+fn proxy_tls(secret: &Secret) -> ProxyTls {
+    let key = |name: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(name))
+            .map(|v| v.0.clone())
+    };
+    ProxyTls {
+        ca: key(crate::leaf_proxy::PROXY_CA_KEY),
+        client_cert: key(crate::leaf_proxy::PROXY_CLIENT_CERT_KEY),
+        client_key: key(crate::leaf_proxy::PROXY_CLIENT_KEY_KEY),
     }
 }
 

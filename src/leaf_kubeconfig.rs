@@ -18,6 +18,8 @@
 
 use kube::config::{AuthInfo, Cluster, Kubeconfig, NamedAuthInfo, NamedCluster};
 
+use crate::leaf_proxy::{ProxyUrl, UrlProblem};
+
 /// A kubeconfig entry: `users[].name` or `clusters[].name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
@@ -52,12 +54,9 @@ pub enum Field {
     /// Impersonation needs the `impersonate` verb granted to the leaf identity; a Secret
     /// writer has no business choosing who relaylet acts as.
     Impersonate(&'static str),
-    /// kube's client, as relaylet builds it (no `http-proxy`/`socks5` features), does not
-    /// proxy: `Config::from_custom_kubeconfig` keeps the URL (and takes `HTTPS_PROXY` from the
-    /// environment when the kubeconfig has none) and `Client::try_from` then fails with
-    /// `ProxyProtocolDisabled`, while relaylet's own stream connector would ignore it and dial
-    /// `server` directly. Refused until proxy support comes with its own rules.
-    ProxyUrl,
+    /// A `proxy-url` outside relaylet's rules (`leaf_proxy`): only `http://`, `https://` and
+    /// `socks5://` with inline credentials, nothing that names a file or a program.
+    ProxyUrl(UrlProblem),
 }
 
 impl Field {
@@ -73,7 +72,7 @@ impl Field {
             Field::Username => "username",
             Field::Password => "password",
             Field::Impersonate(key) => key,
-            Field::ProxyUrl => "proxy-url",
+            Field::ProxyUrl(_) => "proxy-url",
         }
     }
 
@@ -88,7 +87,7 @@ impl Field {
             }
             Field::Username | Field::Password => "basic_auth",
             Field::Impersonate(_) => "impersonation",
-            Field::ProxyUrl => "proxy_url",
+            Field::ProxyUrl(_) => "proxy_url",
         }
     }
 
@@ -104,7 +103,13 @@ impl Field {
                 "basic auth is not supported; use a token or a client certificate"
             }
             Field::Impersonate(_) => "impersonation is not allowed",
-            Field::ProxyUrl => "proxies are not supported yet",
+            Field::ProxyUrl(UrlProblem::Scheme) => {
+                "only http://, https:// and socks5:// proxies are supported"
+            }
+            Field::ProxyUrl(UrlProblem::NoHost) => "the proxy URL has no host",
+            Field::ProxyUrl(UrlProblem::Port) => "the proxy URL's port is not 1 to 65535",
+            Field::ProxyUrl(UrlProblem::Path) => "the proxy URL may have no path or query",
+            Field::ProxyUrl(UrlProblem::Malformed) => "the proxy URL is malformed",
         }
     }
 }
@@ -209,8 +214,8 @@ fn check_user(info: &AuthInfo) -> Result<(), Field> {
 }
 
 /// Allowed: `server`, `tls-server-name`, `certificate-authority-data`,
-/// `insecure-skip-tls-verify` (reported back as a warning), `disable-compression`. Whether the
-/// entry skips TLS verification.
+/// `insecure-skip-tls-verify` (reported back as a warning), `disable-compression`, and a
+/// `proxy-url` by `leaf_proxy`'s rules. Whether the entry skips TLS verification.
 fn check_cluster(cluster: &Cluster) -> Result<bool, Field> {
     let Cluster {
         server: _,
@@ -223,10 +228,10 @@ fn check_cluster(cluster: &Cluster) -> Result<bool, Field> {
         extensions: _,
         other: _,
     } = cluster;
-    first_set(&[
-        (certificate_authority.is_some(), Field::CertificateAuthority),
-        (proxy_url.is_some(), Field::ProxyUrl),
-    ])?;
+    first_set(&[(certificate_authority.is_some(), Field::CertificateAuthority)])?;
+    if let Some(url) = proxy_url {
+        ProxyUrl::parse(url).map_err(Field::ProxyUrl)?;
+    }
     Ok(*insecure_skip_tls_verify == Some(true))
 }
 
@@ -367,13 +372,41 @@ current-context: ctx
     }
 
     #[test]
-    fn proxies_are_refused_for_now() {
-        refused_cluster("    proxy-url: http://proxy:3128", Field::ProxyUrl);
-        assert!(
-            refused("", "    proxy-url: socks5://p:1080")
-                .to_string()
-                .contains("proxies are not supported yet")
+    fn http_https_and_socks5_proxies_pass() {
+        for url in [
+            "http://konnectivity.relaylet.svc:8090",
+            "https://u:p@proxy:3128",
+            "socks5://p:1080",
+        ] {
+            assert_eq!(
+                check(&kubeconfig("", &format!("    proxy-url: {url}"))).unwrap(),
+                Warnings::default(),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn proxies_naming_files_or_other_schemes_are_refused() {
+        refused_cluster(
+            "    proxy-url: file:///var/run/secrets/proxy",
+            Field::ProxyUrl(UrlProblem::Scheme),
         );
+        refused_cluster(
+            "    proxy-url: socks4://p:1080",
+            Field::ProxyUrl(UrlProblem::Scheme),
+        );
+        refused_cluster(
+            "    proxy-url: http://p:3128/pac.js",
+            Field::ProxyUrl(UrlProblem::Path),
+        );
+        let err = refused("", "    proxy-url: ftp://user:canary@p:21");
+        assert_eq!(
+            err.to_string(),
+            "kubeconfig cluster \"c\": proxy-url is not allowed in a leaf Secret (only http://, https:// and socks5:// proxies are supported); leaf Secrets carry inline credentials only"
+        );
+        assert!(!err.to_string().contains("canary"));
+        assert_eq!(err.field.reason(), "proxy_url");
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub enum Refusal {
     /// The kubeconfig does not parse, or kube cannot build a client from it.
     #[error("kubeconfig: {0}")]
     Unusable(String),
+    /// The kubeconfig's proxy, or the Secret's proxy TLS keys, cannot be used.
+    #[error(transparent)]
+    Proxy(#[from] crate::leaf_proxy::ProxySetupError),
     #[error("annotation relaylet.io/node-name: {0}")]
     NodeNameInvalid(String),
     /// An older leaf Secret (or the `LEAF_KUBECONFIG` leaf) has the node name.
@@ -58,6 +61,7 @@ impl Refusal {
             Refusal::Invalid(_) => "invalid_secret",
             Refusal::Kubeconfig(refused) => refused.field.reason(),
             Refusal::Unusable(_) => "kubeconfig_unusable",
+            Refusal::Proxy(_) => "proxy",
             Refusal::NodeNameInvalid(_) => "node_name_invalid",
             Refusal::NodeNameTaken { .. } => "node_name_taken",
             Refusal::LeafNameTaken { .. } => "leaf_name_taken",

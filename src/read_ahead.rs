@@ -13,16 +13,11 @@
 //!
 //! Writes pass straight through (rustls already writes whole records, vectored).
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::Uri;
-use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 /// Bytes per read system call while data flows: four full TLS records and their headers.
 pub const AHEAD: usize = 64 * 1024 + 4 * 64;
@@ -139,83 +134,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ReadAhead<T> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
-/// A leaf connection as hyper's client needs it: [`ReadAhead`] over the dialed TCP stream.
-pub struct LeafTcp(TokioIo<ReadAhead<TcpStream>>);
-
-impl Connection for LeafTcp {
-    fn connected(&self) -> Connected {
-        Connected::new()
-    }
-}
-
-impl hyper::rt::Read for LeafTcp {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-    }
-}
-
-impl hyper::rt::Write for LeafTcp {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        hyper::rt::Write::is_write_vectored(&self.0)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
-    }
-}
-
-/// Wraps a TCP connector (hyper-util's `HttpConnector`) so that its connections read ahead.
-#[derive(Clone)]
-pub struct ReadAheadConnector<C>(pub C);
-
-type Dialed<E> = Pin<Box<dyn Future<Output = Result<LeafTcp, E>> + Send>>;
-
-impl<C> tower::Service<Uri> for ReadAheadConnector<C>
-where
-    C: tower::Service<Uri, Response = TokioIo<TcpStream>>,
-    C::Future: Send + 'static,
-{
-    type Response = LeafTcp;
-    type Error = C::Error;
-    type Future = Dialed<C::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, uri: Uri) -> Self::Future {
-        let dialing = self.0.call(uri);
-        Box::pin(async move {
-            let tcp = dialing.await?.into_inner();
-            Ok(LeafTcp(TokioIo::new(ReadAhead::new(tcp))))
-        })
     }
 }
 

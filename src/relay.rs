@@ -295,7 +295,12 @@ impl Relay {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(err)) => Err(Refusal::new(
                 StatusCode::BAD_GATEWAY,
-                format!("leaf cluster {} is unreachable: {err}", leaf.name),
+                // hyper's message leaves the cause out; a dial error names the leaf and proxy.
+                format!(
+                    "leaf cluster {} is unreachable: {}",
+                    leaf.name,
+                    crate::leaf_proxy::chain(&err)
+                ),
             )),
             Err(_) => Err(Refusal::new(
                 StatusCode::GATEWAY_TIMEOUT,

@@ -13,6 +13,7 @@
 //! leaf-side RBAC must grant exactly what relaylet relays, and `make-leaf-secret.sh` (driven by
 //! the real kubectl, offline) must mint a kubeconfig that relaylet's own loader accepts.
 
+use base64::Engine as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -1610,6 +1611,85 @@ fn make_leaf_secret(kubeconfig: &Path, token_file: &Path, extra: &[&str]) -> Out
         .env("KUBECTL", &kubectl.path)
         .output()
         .unwrap()
+}
+
+/// `--proxy-url` and the proxy's TLS files: the minted kubeconfig names the proxy, the Secret
+/// carries the files under the keys relaylet reads, and relaylet builds the leaf from them.
+#[tokio::test]
+async fn make_leaf_secret_names_a_proxy_and_carries_its_tls_files() {
+    let dir = Scratch::new("leaf-secret-proxy");
+    let ca = rcgen::generate_simple_self_signed(vec!["leaf-a.example.com".to_string()]).unwrap();
+    let kubeconfig = dir.0.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: a\n  cluster:\n    server: https://leaf-a.example.com:6443\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    token: t\ncontexts:\n- name: leaf-a\n  context:\n    cluster: a\n    user: admin\ncurrent-context: leaf-a\n",
+            base64::engine::general_purpose::STANDARD.encode(ca.cert.pem())
+        ),
+    )
+    .unwrap();
+    let token_file = dir.0.join("token");
+    std::fs::write(&token_file, "service-account-token\n").unwrap();
+    let proxy_ca = dir.0.join("proxy-ca.pem");
+    std::fs::write(&proxy_ca, ca.cert.pem()).unwrap();
+    let client_key = dir.0.join("client.key");
+    std::fs::write(&client_key, ca.signing_key.serialize_pem()).unwrap();
+    let url = "https://konnectivity.relaylet.svc:8090";
+    let args = |with_key: bool| {
+        let mut args = vec![
+            "--proxy-url".to_string(),
+            url.to_string(),
+            "--proxy-ca".to_string(),
+            proxy_ca.display().to_string(),
+            "--proxy-client-cert".to_string(),
+            proxy_ca.display().to_string(),
+        ];
+        if with_key {
+            args.extend([
+                "--proxy-client-key".to_string(),
+                client_key.display().to_string(),
+            ]);
+        }
+        args
+    };
+    let half = args(false);
+    let half: Vec<&str> = half.iter().map(String::as_str).collect();
+    let out = make_leaf_secret(&kubeconfig, &token_file, &half);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("go together"));
+    let out = make_leaf_secret(&kubeconfig, &token_file, &["--proxy-url", "ftp://p:21"]);
+    assert!(!out.status.success());
+    let out = make_leaf_secret(&kubeconfig, &token_file, &["--proxy-url", url]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --proxy-ca"));
+
+    let whole = args(true);
+    let whole: Vec<&str> = whole.iter().map(String::as_str).collect();
+    let out = make_leaf_secret(&kubeconfig, &token_file, &whole);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = Rendered::parse(&String::from_utf8(out.stdout).unwrap());
+    let data = r.secrets[0].data.clone().unwrap();
+    assert_eq!(data["proxy-ca.crt"].0, ca.cert.pem().as_bytes());
+    assert_eq!(data["proxy-client.crt"].0, ca.cert.pem().as_bytes());
+    assert_eq!(
+        data["proxy-client.key"].0,
+        ca.signing_key.serialize_pem().as_bytes()
+    );
+    let minted = String::from_utf8(data["kubeconfig"].0.clone()).unwrap();
+    let parsed = kube::config::Kubeconfig::from_yaml(&minted).unwrap();
+    relaylet::leaf_kubeconfig::check(&parsed).expect("a kubeconfig leaf Secrets may carry");
+    assert_eq!(relaylet::leaf::proxy_url(&parsed), Some(url));
+    let tls = relaylet::leaf_proxy::ProxyTls {
+        ca: Some(data["proxy-ca.crt"].0.clone()),
+        client_cert: Some(data["proxy-client.crt"].0.clone()),
+        client_key: Some(data["proxy-client.key"].0.clone()),
+    };
+    let proxy =
+        relaylet::leaf_proxy::LeafProxy::new(url, &tls).expect("relaylet sets the proxy up");
+    assert_eq!(proxy.url.to_string(), "konnectivity.relaylet.svc:8090");
 }
 
 #[tokio::test]

@@ -31,6 +31,8 @@ use relaylet_sim::apiserver::{Policy, Rule, UserInfo};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, METRICS_SERVER_USER, SimContainer, SimPod};
 use relaylet_sim::metrics_server::MetricsServer;
 
+use crate::testkit::proxy::{LeafProxyKind, TestProxy};
+
 use relaylet::Running;
 use relaylet::config::Config;
 use relaylet::shutdown::Shutdown;
@@ -107,6 +109,9 @@ pub struct Settings {
     /// How often the metrics-server stand-ins scrape (`--metric-resolution`); `None` runs none
     /// (tests that write `metrics.k8s.io` objects themselves).
     pub metrics_resolution: Option<Duration>,
+    /// Leaves reached only through a proxy (`testkit::proxy`): their Secret's `server` is a
+    /// name nothing but the proxy resolves.
+    pub leaf_proxies: BTreeMap<String, LeafProxyKind>,
 }
 
 /// The sandbox's metrics-server resolution: the shortest metrics-server accepts, so `kubectl
@@ -123,6 +128,7 @@ impl Default for Settings {
             root_tokens: Vec::new(),
             leaf_rules: None,
             metrics_resolution: Some(METRICS_RESOLUTION),
+            leaf_proxies: BTreeMap::new(),
         }
     }
 }
@@ -134,6 +140,8 @@ pub struct Sandbox {
     pub relaylet: Running,
     pub config: Config,
     pub shutdown: Shutdown,
+    /// The proxies of the leaves in `Settings::leaf_proxies`, by leaf name.
+    pub proxies: HashMap<String, TestProxy>,
     /// The clusters' metrics-server stand-ins (stopped when dropped).
     _metrics_servers: Vec<MetricsServer>,
     /// Stops the syncer's work on placed pods (ephemeral containers down, statuses up).
@@ -171,6 +179,7 @@ impl Sandbox {
             .map_err(|e| anyhow::anyhow!("creating namespace {RELAYLET_NAMESPACE}: {e}"))?;
 
         let mut leaves = HashMap::new();
+        let mut proxies = HashMap::new();
         for name in &settings.leaves {
             let mut options = ClusterOptions::new(name);
             let leaf_rules = match &settings.leaf_rules {
@@ -195,10 +204,10 @@ impl Sandbox {
                     )])),
                     ..Default::default()
                 },
-                data: Some(BTreeMap::from([(
-                    relaylet::leaf::KUBECONFIG_KEY.to_string(),
-                    ByteString(leaf.kubeconfig(RELAYLET_LEAF_USER, &[])?.into_bytes()),
-                )])),
+                data: Some(
+                    leaf_secret_data(&leaf, settings.leaf_proxies.get(name), &mut proxies, name)
+                        .await?,
+                ),
                 ..Default::default()
             };
             store
@@ -277,6 +286,7 @@ impl Sandbox {
             relaylet,
             config,
             shutdown,
+            proxies,
             _metrics_servers: metrics_servers,
             _syncer: syncer.drop_guard(),
             files,
@@ -619,4 +629,35 @@ fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     file.write_all(contents.as_bytes())?;
     Ok(())
+}
+
+/// The data of leaf `name`'s Secret: its kubeconfig for relaylet's leaf user, rewritten to go
+/// through a new proxy of `behind` (kept in `proxies`) if given, and that proxy's keys.
+async fn leaf_secret_data(
+    leaf: &Cluster,
+    behind: Option<&LeafProxyKind>,
+    proxies: &mut HashMap<String, TestProxy>,
+    name: &str,
+) -> anyhow::Result<BTreeMap<String, ByteString>> {
+    let kubeconfig = leaf.kubeconfig(RELAYLET_LEAF_USER, &[])?;
+    let Some(kind) = behind else {
+        return Ok(BTreeMap::from([(
+            relaylet::leaf::KUBECONFIG_KEY.to_string(),
+            ByteString(kubeconfig.into_bytes()),
+        )]));
+    };
+    let behind = crate::testkit::proxy::behind_proxy(kind, name, &kubeconfig, leaf.api.addr)
+        .await
+        .with_context(|| format!("putting leaf {name} behind a proxy"))?;
+    let mut data = BTreeMap::from([(
+        relaylet::leaf::KUBECONFIG_KEY.to_string(),
+        ByteString(behind.kubeconfig.into_bytes()),
+    )]);
+    for (key, value) in behind.secret_keys {
+        data.insert(key, ByteString(value));
+    }
+    if let Some(proxy) = behind.proxy {
+        proxies.insert(name.to_string(), proxy);
+    }
+    Ok(data)
 }

@@ -14,6 +14,7 @@
 #                                            moved that code, so streaming_137.go (tag k8s137)
 #                                            replaces streaming_135.go
 #   metrics-server                           sigs.k8s.io/metrics-server (tests/realk8s/metrics-server)
+#   proxy-server, proxy-agent                sigs.k8s.io/apiserver-network-proxy (tests/realk8s/konnectivity)
 #
 # Cache: $RELAYLET_K8S_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/relaylet/k8s. Nothing built
 # lands in the repository. A component that does not build stops this script with Go's error.
@@ -77,9 +78,27 @@ kubernetes() {
   build "$src/k8s" "$own" leafkubelet ./cmd/leafkubelet "$version_flags" "${mod[@]}" ${tag:+-tags "$tag"}
   ln -sf "$own/leafkubelet" "$bin/leafkubelet"
   ln -sf "$ms/metrics-server" "$bin/metrics-server"
+  ln -sf "$konn/proxy-server" "$bin/proxy-server"
+  ln -sf "$konn/proxy-agent" "$bin/proxy-agent"
   echo "build-k8s.sh: kubernetes $version, etcd $etcd_version, metrics-server $ms_version" >&2
   echo "$version $bin"
 }
+
+# The Kubernetes network proxy (konnectivity): its proxy server and agent, for the test of
+# leaves behind NAT (issue 30). Self-contained: its own pin (tests/realk8s/konnectivity), cache
+# directory; kubernetes() links them into each version's directory.
+konn_dir="$src/konnectivity"
+konn_version="$(cd "$konn_dir" && go list -m -f '{{.Version}}' sigs.k8s.io/apiserver-network-proxy)"
+[ -n "$konn_version" ] || {
+  echo "build-k8s.sh: cannot read the konnectivity pin from $konn_dir/go.mod" >&2
+  exit 1
+}
+konn_pins="$(cat "$konn_dir/go.mod" "$konn_dir/go.sum" | sha256sum | cut -c1-16)"
+konn="$cache/konnectivity-$konn_version-$konn_pins/bin"
+mkdir -p "$konn"
+build "$konn_dir" "$konn" proxy-server sigs.k8s.io/apiserver-network-proxy/cmd/server
+build "$konn_dir" "$konn" proxy-agent sigs.k8s.io/apiserver-network-proxy/cmd/agent
+echo "build-k8s.sh: konnectivity (apiserver-network-proxy) $konn_version" >&2
 
 kubernetes "$src/k8s"
 kubernetes "$src/k8s-1.37" k8s137

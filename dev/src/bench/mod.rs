@@ -37,7 +37,7 @@ pub struct Options {
     pub json: bool,
     /// Tiny sizes, for the smoke test: every figure, measured on almost nothing.
     pub smoke: bool,
-    /// Only these groups of figures (`--only bulk,rtt,setup,memory`); all when empty.
+    /// Only these groups of figures (`--only bulk,rtt,setup,memory,proxy`); all when empty.
     pub only: Groups,
 }
 
@@ -52,6 +52,9 @@ pub struct Groups {
     pub setup: bool,
     /// Memory per idle session and what is left after they close.
     pub memory: bool,
+    /// relaylet reaching the leaf through an HTTP CONNECT proxy against relaylet dialling it:
+    /// exec throughput, round trip and setup rate.
+    pub proxy: bool,
     /// relaylet against a fleet of leaves (`fleet`); only when asked for by name.
     pub fleet: bool,
 }
@@ -62,6 +65,7 @@ impl Groups {
         rtt: true,
         setup: true,
         memory: true,
+        proxy: true,
         fleet: false,
     };
 
@@ -73,10 +77,11 @@ impl Groups {
                 "rtt" => groups.rtt = true,
                 "setup" => groups.setup = true,
                 "memory" => groups.memory = true,
+                "proxy" => groups.proxy = true,
                 "fleet" => groups.fleet = true,
                 other => {
                     anyhow::bail!(
-                        "unknown figure group {other:?} (try bulk, rtt, setup, memory, fleet)"
+                        "unknown figure group {other:?} (try bulk, rtt, setup, memory, proxy, fleet)"
                     )
                 }
             }
@@ -90,7 +95,7 @@ impl Groups {
 
     /// Whether any figure of the data path (the stack of one leaf) is asked for.
     fn data_path(&self) -> bool {
-        self.bulk || self.rtt || self.setup || self.memory
+        self.bulk || self.rtt || self.setup || self.memory || self.proxy
     }
 }
 
@@ -342,6 +347,9 @@ async fn measure(stack: &Stack, sizes: &Sizes, options: Options) -> anyhow::Resu
     if options.only.memory {
         measure_memory(stack, sizes, options, &mut figures).await?;
     }
+    if options.only.proxy {
+        measure_proxy(stack, sizes, options, &mut figures).await?;
+    }
     Ok(figures)
 }
 
@@ -469,6 +477,60 @@ async fn measure_bulk(
         _ => None,
     };
     emit(figures, system_cost, options);
+    Ok(())
+}
+
+/// The proxy figures: `direct` is the client straight to the leaf, `limit` relaylet dialling
+/// the leaf, `relayed` relaylet reaching the same leaf through the test kit's HTTP CONNECT
+/// proxy (its own virtual node and pod copy); `ratio` is through the proxy against dialled.
+async fn measure_proxy(
+    stack: &Stack,
+    sizes: &Sizes,
+    options: Options,
+    figures: &mut Vec<Figure>,
+) -> anyhow::Result<()> {
+    // The three ways in, in the columns of a figure.
+    let ways = [
+        (Route::Direct, &stack.pod),
+        (Route::Limit, &stack.pod),
+        (Route::Relayed, &stack.proxied_pod),
+    ];
+    let target = |column: Route| match column {
+        Route::Direct => stack.target(Route::Direct),
+        _ => stack.target(Route::Relayed),
+    };
+    eprintln!("measuring proxy_exec_stdout_throughput, proxy_exec_rtt, proxy_exec_setup_rate");
+    let mut throughput = Samples::default();
+    let mut p99 = Samples::default();
+    let mut rate = Samples::default();
+    for rep in 0..sizes.reps {
+        let mut rotated = ways;
+        rotated.rotate_left(rep % 3);
+        for (column, pod) in rotated {
+            let transfer = client::exec_stdout(target(column), pod, sizes.stream_bytes)
+                .await
+                .with_context(|| format!("proxy figures: exec stdout {column:?}"))?;
+            throughput.push(column, transfer.mib_per_s());
+            let trips = client::exec_round_trips(target(column), pod, sizes.round_trips)
+                .await
+                .with_context(|| format!("proxy figures: round trips {column:?}"))?;
+            p99.push(column, percentile(&trips, 99.0).unwrap_or(f64::NAN));
+            let start = Instant::now();
+            for _ in 0..sizes.setups {
+                client::exec_true(target(column), pod)
+                    .await
+                    .with_context(|| format!("proxy figures: setup {column:?}"))?;
+            }
+            rate.push(column, sizes.setups as f64 / start.elapsed().as_secs_f64());
+        }
+    }
+    for figure in [
+        throughput.figure("proxy_exec_stdout_throughput", "MiB/s", Better::Higher),
+        p99.figure("proxy_exec_rtt_p99", "us", Better::Lower),
+        rate.figure("proxy_exec_setup_rate", "sessions/s", Better::Higher),
+    ] {
+        emit(figures, figure, options);
+    }
     Ok(())
 }
 
@@ -673,6 +735,8 @@ mod tests {
 
     #[test]
     fn bad_options_are_named() {
+        let proxy = parse(&["--only", "proxy"]).unwrap();
+        assert!(proxy.only.proxy && !proxy.only.bulk && !proxy.only.memory);
         let err = parse(&["--only", "setup,cpu"]).unwrap_err().to_string();
         assert!(err.contains("\"cpu\""), "{err}");
         let err = parse(&["--only"]).unwrap_err().to_string();

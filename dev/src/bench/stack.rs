@@ -80,10 +80,13 @@ pub struct Stack {
     pub limit: Target,
     pub relayed: Target,
     pub pod: PodRef,
+    /// The bench pod's twin on the leaf registered through an HTTP CONNECT proxy (`proxied`).
+    pub proxied_pod: PodRef,
     pub hold_pod: PodRef,
     pub relaylet: ChildProcess,
     pub reference: ChildProcess,
     _hold: Served,
+    _proxy: crate::testkit::proxy::TestProxy,
     _leaf: Cluster,
     _root: Cluster,
     _files: tempfile::TempDir,
@@ -121,6 +124,13 @@ impl Stack {
             ..Default::default()
         };
         let hold_root = root.add_pod("relaylet-hold", &hold_pod).await?;
+        // The same leaf again, as leaf `proxied` reached only through an HTTP CONNECT proxy,
+        // with its own copy of the bench pod (a leaf pod stands for one root pod).
+        let mut proxied_pod = bench_pod(log_bytes);
+        proxied_pod.name = "bench-proxied".into();
+        crate::sandbox::sync_pod(&root, "relaylet-proxied", &leaf, "leaf-node", &proxied_pod)
+            .await
+            .context("starting the proxied bench pod")?;
 
         let hold_id = leaf.ca.issue_server(&["127.0.0.1"])?;
         let hold = super::hold::start(&hold_id, &hold_root).await?;
@@ -132,7 +142,22 @@ impl Stack {
             leaf.api.url()
         );
         let hold_kubeconfig = leaf_kubeconfig.replace(&leaf.api.url(), &hold_url);
-        for (name, kubeconfig) in [("leaf", &leaf_kubeconfig), ("hold", &hold_kubeconfig)] {
+        let behind = crate::testkit::proxy::behind_proxy(
+            &crate::testkit::proxy::LeafProxyKind::Http,
+            "proxied",
+            &leaf_kubeconfig,
+            leaf.api.addr,
+        )
+        .await
+        .context("starting the HTTP CONNECT proxy")?;
+        let proxy = behind
+            .proxy
+            .context("the test kit's proxy for leaf proxied")?;
+        for (name, kubeconfig) in [
+            ("leaf", &leaf_kubeconfig),
+            ("hold", &hold_kubeconfig),
+            ("proxied", &behind.kubeconfig),
+        ] {
             root.api
                 .store()
                 .create_typed(&leaf_secret(name, kubeconfig))
@@ -172,10 +197,15 @@ impl Stack {
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),
             },
+            proxied_pod: PodRef {
+                namespace: proxied_pod.namespace.clone(),
+                name: proxied_pod.name.clone(),
+            },
             hold_pod: PodRef {
                 namespace: hold_pod.namespace.clone(),
                 name: hold_pod.name.clone(),
             },
+            _proxy: proxy,
             relaylet: relaylet.0,
             reference: reference.0,
             _hold: hold,
@@ -214,6 +244,7 @@ impl Stack {
                     super::client::exec_true(self.target(route), &self.pod).await?;
                     if route == Route::Relayed {
                         super::client::open_idle(self.target(route), &self.hold_pod).await?;
+                        super::client::exec_true(self.target(route), &self.proxied_pod).await?;
                     }
                     anyhow::Ok(())
                 };

@@ -5,6 +5,7 @@
 pub mod forwarder;
 pub mod metrics;
 pub mod process;
+pub mod proxy;
 pub mod realk8s;
 pub mod ws_exec;
 

@@ -6,6 +6,7 @@
 
 pub mod addresses;
 pub mod harness;
+pub mod konnectivity;
 pub mod metrics_server;
 pub mod replica_process;
 pub mod websocket_calls;
