@@ -40,6 +40,7 @@ impl Controller {
             lease_renewed: None,
             node_uid: None,
             held: false,
+            names_me: false,
             refused: None,
         };
         let mut tick = tokio::time::interval(RECOMPUTE);
@@ -70,6 +71,7 @@ impl Controller {
                     continue;
                 }
                 Some(event) = node_events.next() => {
+                    state.names_me = matches!(&event, NodeEvent::Applied(node) if served_by::served_by(node) == &*self.replicas.me);
                     if state.held && state.taken_away(&event, &self.replicas.me, self.config.leaf_node_ip) {
                         // Another replica writes the Node now: when this one is not assigned
                         // it (it is handing over), that is the hand-over done; when it is, the
@@ -114,9 +116,16 @@ impl Controller {
                 // Assigned to another replica: hand the Node back (while present; a replica
                 // shutting down just stops writing, its peers take its Nodes once its presence
                 // Lease is released). A future term starts from a fresh read of the Node.
-                if state.held && self.replicas.present.is_leader() {
+                // The Node may name this replica without this process holding it: a replica
+                // restarted under the same name (a StatefulSet pod, a restarted container).
+                if (state.held || state.names_me) && self.replicas.present.is_leader() {
                     match self.hand_back(&leaf.node_name).await {
-                        Ok(()) => state.let_go(&self, &leaf.node_name),
+                        Ok(true) => {
+                            state.names_me = false;
+                            state.let_go(&self, &leaf.node_name);
+                        }
+                        // Changed meanwhile: tried again next round.
+                        Ok(false) => {}
                         Err(err) => {
                             tracing::warn!(node = %leaf.node_name, %err, "handing the virtual node back")
                         }
@@ -288,20 +297,21 @@ impl Controller {
         Ok(true)
     }
 
-    /// Writes `node`'s writer empty if it still names this replica.
-    async fn hand_back(&self, node: &str) -> Result<(), kube::Error> {
+    /// Writes `node`'s writer empty if it still names this replica; whether the Node no longer
+    /// names it (`false`: it changed meanwhile, try again).
+    async fn hand_back(&self, node: &str) -> Result<bool, kube::Error> {
         let nodes: Api<Node> = Api::all(self.root.clone());
         let Some(current) = nodes.get_opt(node).await? else {
-            return Ok(());
+            return Ok(true);
         };
-        if served_by::served_by(&current) == &*self.replicas.me
-            && !self.write_served_by(&current, "").await?
-        {
-            // Changed meanwhile; the watch or the next round says who has it now.
-            return Ok(());
+        if served_by::served_by(&current) != &*self.replicas.me {
+            return Ok(true);
+        }
+        if !self.write_served_by(&current, "").await? {
+            return Ok(false);
         }
         tracing::info!(node, "handed the virtual node back for another replica");
-        Ok(())
+        Ok(true)
     }
 
     /// The watch events of Node `name`: applied (created or changed) or deleted.
@@ -338,6 +348,8 @@ struct LeafLoop {
     node_uid: Option<String>,
     /// Whether this replica writes the Node (its `served-by` names it).
     held: bool,
+    /// Whether the Node, as last watched, names this replica (held or not).
+    names_me: bool,
     /// Why the Node was last refused (it is not ours), so that is logged once.
     refused: Option<String>,
 }

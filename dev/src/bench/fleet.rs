@@ -53,7 +53,20 @@ pub struct Size {
 }
 
 impl Size {
+    /// The mode's size; `RELAYLET_FLEET_LEAVES` sets the number of leaves (100 pods each).
     pub fn for_mode(smoke: bool, quick: bool) -> Size {
+        let mut size = Size::of_mode(smoke, quick);
+        if let Some(leaves) = std::env::var("RELAYLET_FLEET_LEAVES")
+            .ok()
+            .and_then(|l| l.parse().ok())
+        {
+            size.leaves = leaves;
+            size.pods = leaves * 100;
+        }
+        size
+    }
+
+    fn of_mode(smoke: bool, quick: bool) -> Size {
         if smoke {
             Size {
                 leaves: 4,
@@ -212,7 +225,7 @@ pub async fn run(size: Size) -> anyhow::Result<Vec<FleetFigure>> {
         .map(|r| (r.name.clone(), r.ip.to_string()))
         .collect();
     let room = size.leaves.div_ceil(3);
-    fleet
+    let spread = fleet
         .wait(
             Duration::from_secs(600),
             "the virtual Nodes spread over three replicas",
@@ -230,7 +243,29 @@ pub async fn run(size: Size) -> anyhow::Result<Vec<FleetFigure>> {
                     && loads.values().all(|l| *l <= room)
             },
         )
-        .await?;
+        .await;
+    if let Err(err) = spread {
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for n in fleet.nodes() {
+            *seen
+                .entry(format!("{}@{:?}", served_by(&n), first_address(&n)))
+                .or_default() += 1;
+        }
+        let logs: Vec<String> = three
+            .iter()
+            .map(|r| {
+                let log = std::fs::read_to_string(files.path().join(format!("{}.log", r.name)))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                format!(
+                    "{}:\n{}",
+                    r.name,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect();
+        anyhow::bail!("{err}: writers {seen:?}\n{}", logs.join("\n"));
+    }
     // The pod exec subresource of the root apiserver, which dials the Node's first address.
     let admin = fleet
         .root
@@ -525,7 +560,7 @@ impl Replica {
             .env("POD_NAMESPACE", NAMESPACE)
             .env("LEADER_ELECT", if alone { "false" } else { "true" })
             .env("METRICS_ADDR", metrics.to_string())
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
