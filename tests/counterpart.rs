@@ -194,13 +194,10 @@ fn assert_refused(e: &Env, pod: &str, refusal: Refusal<'_>) {
             !ok && !stdout.contains("WHO="),
             "kubectl {version} exec {pod} must be refused: stdout {stdout:?} stderr {stderr:?}"
         );
-        // 1.27 reads the Status of the refused upgrade; 1.35's WebSocket dial error shows the
-        // message alone.
-        let expected = if version == "1.27" {
-            format!("Error from server ({reason}): {message}\n")
-        } else {
-            format!("error: {message}\n")
-        };
+        // Both read the Status of the refused upgrade: 1.27's SPDY upgrade and, since relaylet
+        // declares ExtendWebSocketsToKubelet, 1.35's WebSocket upgrade, which the root then
+        // proxies to relaylet instead of translating (a translated one shows the message alone).
+        let expected = format!("Error from server ({reason}): {message}\n");
         assert_eq!(stderr, expected, "kubectl {version} exec {pod}");
     }
     let (ok, stdout, stderr) = attacker_reads_logs(e, pod);

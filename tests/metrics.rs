@@ -94,15 +94,19 @@ fn sessions_move_the_counters_and_log_one_line_at_each_end() {
         &e.kubeconfig,
         &[
             "exec",
+            "-i",
             "demo-1",
             "-c",
             "main",
             "--",
             "sh",
             "-c",
-            "echo relayed-bytes",
+            "read line; echo relayed-bytes",
         ],
     )
+    // Stdin, so bytes go to the leaf whatever the framing: over WebSocket (proxied by the root
+    // since relaylet declares ExtendWebSocketsToKubelet) kubectl sends nothing else.
+    .stdin(b"ping\n")
     .output();
     assert_eq!(
         text(&out.stdout),
@@ -157,7 +161,7 @@ fn sessions_move_the_counters_and_log_one_line_at_each_end() {
     );
     assert_eq!(count(&after, "relaylet_sessions_active", &exec), 0.0);
     assert_eq!(count(&after, "relaylet_sessions_active", &logs), 0.0);
-    // "relayed-bytes\n" inside SPDY frames, plus the log line.
+    // "relayed-bytes\n" inside stream frames, plus the log line.
     assert!(
         delta(
             "relaylet_relayed_bytes_total",
