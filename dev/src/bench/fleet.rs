@@ -71,7 +71,8 @@ impl Size {
             Size {
                 leaves: 4,
                 pods: 200,
-                idle: Duration::from_secs(5),
+                // Longer than a node Lease's 10 s renewal, so every leaf writes in the window.
+                idle: Duration::from_secs(12),
                 calls_per_node: 1,
             }
         } else if quick {
