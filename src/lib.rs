@@ -41,6 +41,7 @@ pub mod self_signed;
 pub mod serving_csr;
 pub mod session;
 pub mod shutdown;
+pub mod slim_pod;
 pub mod splice;
 pub mod status;
 pub mod telemetry;

@@ -7,6 +7,8 @@
 //!
 //! Only what the root apiserver decides is kept (node, UID): which leaf pod stands for a root
 //! pod is `counterpart`'s business, and never read from the pod's own annotations.
+//! The watches decode pods as [`SlimPod`]s: a pod's annotations, env or volumes are never
+//! allocated, even while its event is read.
 //!
 //! A lookup must not let callers make the root apiserver work for them: on a node's own port
 //! ([`PodIndex::route_on_node`]) the node's watch is the truth once it has listed, and a pod not
@@ -19,13 +21,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 use crate::counterpart::NamespaceMap;
 use crate::leaf::Registry;
+use crate::slim_pod::SlimPod;
 
 /// Where a root pod's requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,14 +197,14 @@ impl PodIndex {
                 pod: pod.clone(),
             });
         }
-        let api: Api<Pod> = Api::namespaced(self.root.clone(), namespace);
+        let api: Api<SlimPod> = Api::namespaced(self.root.clone(), namespace);
         let found = api.get_opt(pod).await.map_err(|source| RouteError::Root {
             namespace: namespace.clone(),
             pod: pod.clone(),
             source,
         })?;
         let answer = found.map(|p| PodRoute {
-            node_name: p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+            node_name: p.node_name().unwrap_or_default().to_string(),
             uid: p.metadata.uid,
         });
         let mut looked_up = self.looked_up.lock().unwrap_or_else(|e| e.into_inner());
@@ -261,7 +263,7 @@ impl PodIndex {
     }
 
     async fn watch_node(self, node: String) {
-        let api: Api<Pod> = Api::all(self.root.clone());
+        let api: Api<SlimPod> = Api::all(self.root.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let mut events = watcher(api, config).default_backoff().boxed();
         let mut seen: HashSet<Key> = HashSet::new();
@@ -290,7 +292,7 @@ impl PodIndex {
         }
     }
 
-    fn upsert(&self, pod: &Pod) -> Option<Key> {
+    fn upsert(&self, pod: &SlimPod) -> Option<Key> {
         let key = key_of(pod)?;
         let route = route_of(pod)?;
         write(&self.routes).insert(key.clone(), route);
@@ -299,12 +301,12 @@ impl PodIndex {
     }
 }
 
-fn key_of(pod: &Pod) -> Option<Key> {
+fn key_of(pod: &SlimPod) -> Option<Key> {
     Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
 }
 
-fn route_of(pod: &Pod) -> Option<PodRoute> {
-    let node_name = pod.spec.as_ref()?.node_name.clone()?;
+fn route_of(pod: &SlimPod) -> Option<PodRoute> {
+    let node_name = pod.node_name()?.to_string();
     Some(PodRoute {
         node_name,
         uid: pod.metadata.uid.clone(),
@@ -325,7 +327,7 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 mod tests {
     use super::*;
 
-    fn pod(json: serde_json::Value) -> Pod {
+    fn pod(json: serde_json::Value) -> SlimPod {
         serde_json::from_value(json).unwrap()
     }
 

@@ -538,7 +538,11 @@ mod tests {
                     p.metadata.namespace.as_deref().unwrap_or_default().into(),
                     p.metadata.name.as_deref().unwrap_or_default().into(),
                 );
-                (key, PodFacts::of(p))
+                // As the watch reads it: through the JSON, into a SlimPod.
+                let slim = serde_json::to_value(p)
+                    .and_then(serde_json::from_value)
+                    .expect("a pod reads as a SlimPod");
+                (key, PodFacts::of(&slim))
             })
             .collect();
         capacity(nodes, kept.iter().map(|(k, f)| (k, f)), own)

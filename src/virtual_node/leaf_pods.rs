@@ -3,20 +3,20 @@
 //! itself. A leaf of 10,000 pods with large annotations, env or volumes costs what 10,000 small
 //! records cost, and the memory goes when the pods do.
 //!
-//! Kept from one watch of the leaf's pods; each event's pod is reduced to its [`PodFacts`] as it
-//! arrives, so a pod object lives only while its event is read.
+//! Kept from one watch of the leaf's pods, decoded as [`SlimPod`]s (the rest of each pod's JSON
+//! is skipped while it is read); each is reduced to its [`PodFacts`] as it arrives.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::quantity::Milli;
+use crate::slim_pod::SlimPod;
 
 /// A leaf pod's namespace and name.
 pub type PodKey = (Box<str>, Box<str>);
@@ -58,12 +58,8 @@ impl Facts {
     }
 
     /// What capacity needs of `pod`, its strings shared with the other records.
-    fn facts_of(&mut self, pod: &Pod) -> PodFacts {
-        let node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .map(|n| self.intern(n));
+    fn facts_of(&mut self, pod: &SlimPod) -> PodFacts {
+        let node = pod.node_name().map(|n| self.intern(n));
         let requests = pod_requests(pod)
             .into_iter()
             .map(|(resource, value)| (self.intern(&resource), value))
@@ -88,44 +84,28 @@ impl Facts {
 }
 
 /// Pods that hold resources: not yet finished.
-pub fn is_active(pod: &Pod) -> bool {
-    !matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
+pub fn is_active(pod: &SlimPod) -> bool {
+    !matches!(pod.phase(), Some("Succeeded" | "Failed"))
 }
 
 /// A pod's effective requests as the scheduler counts them: the larger of the sum over its
 /// containers and the largest init container, plus pod overhead.
-pub fn pod_requests(pod: &Pod) -> BTreeMap<String, Milli> {
+pub fn pod_requests(pod: &SlimPod) -> BTreeMap<String, Milli> {
     let mut sum: BTreeMap<String, Milli> = BTreeMap::new();
-    let Some(spec) = pod.spec.as_ref() else {
-        return sum;
-    };
-    let requests_of = |c: &k8s_openapi::api::core::v1::Container| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.requests.clone())
-            .unwrap_or_default()
-    };
-    for container in &spec.containers {
-        for (resource, q) in requests_of(container) {
-            if let Ok(v) = Milli::parse(&q.0) {
-                *sum.entry(resource).or_default() += v;
+    for (resource, q) in pod.containers().flat_map(|c| c.requests()) {
+        if let Ok(v) = Milli::parse(&q.0) {
+            *sum.entry(resource.clone()).or_default() += v;
+        }
+    }
+    for (resource, q) in pod.init_containers().flat_map(|c| c.requests()) {
+        if let Ok(v) = Milli::parse(&q.0) {
+            let slot = sum.entry(resource.clone()).or_default();
+            if v > *slot {
+                *slot = v;
             }
         }
     }
-    for init in spec.init_containers.iter().flatten() {
-        for (resource, q) in requests_of(init) {
-            if let Ok(v) = Milli::parse(&q.0) {
-                let slot = sum.entry(resource).or_default();
-                if v > *slot {
-                    *slot = v;
-                }
-            }
-        }
-    }
-    for (resource, q) in spec.overhead.iter().flatten() {
+    for (resource, q) in pod.overhead() {
         if let Ok(v) = Milli::parse(&q.0) {
             *sum.entry(resource.clone()).or_default() += v;
         }
@@ -133,7 +113,7 @@ pub fn pod_requests(pod: &Pod) -> BTreeMap<String, Milli> {
     sum
 }
 
-fn key_of(pod: &Pod) -> Option<PodKey> {
+fn key_of(pod: &SlimPod) -> Option<PodKey> {
     Some((
         pod.metadata.namespace.as_deref()?.into(),
         pod.metadata.name.as_deref()?.into(),
@@ -145,7 +125,7 @@ impl LeafPods {
     pub fn start(client: &Client) -> LeafPods {
         let facts = Arc::new(RwLock::new(Facts::default()));
         let (listed_tx, listed) = watch::channel(false);
-        let api: Api<Pod> = Api::all(client.clone());
+        let api: Api<SlimPod> = Api::all(client.clone());
         let task = tokio::spawn({
             let facts = facts.clone();
             async move {
@@ -218,7 +198,7 @@ impl Drop for LeafPods {
 impl PodFacts {
     /// `pod`'s facts with strings of their own (tests and one-off callers; the watch shares
     /// strings between records).
-    pub fn of(pod: &Pod) -> PodFacts {
+    pub fn of(pod: &SlimPod) -> PodFacts {
         Facts::default().facts_of(pod)
     }
 }
@@ -228,7 +208,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(annotation_bytes: usize) -> Pod {
+    fn pod(annotation_bytes: usize) -> SlimPod {
         serde_json::from_value(json!({
             "metadata": {
                 "namespace": "default",
@@ -287,7 +267,7 @@ mod tests {
 
     #[test]
     fn init_containers_and_overhead_count_like_the_scheduler() {
-        let pod: Pod = serde_json::from_value(json!({
+        let pod: SlimPod = serde_json::from_value(json!({
             "metadata": {"name": "p"},
             "spec": {
                 "containers": [

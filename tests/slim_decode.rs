@@ -1,0 +1,117 @@
+//! A leaf pod's bulk never reaches relaylet's heap: a watch event of a pod with a 64 KiB
+//! annotation and 64 KiB of env, decoded as relaylet's watches decode it (`SlimPod`), allocates
+//! what the same event of a small pod allocates. Decoded as a whole `Pod` (what the watches did
+//! before) it allocates the bulk and more. Counted by a global allocator that tallies the
+//! bytes each thread asks for.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::WatchEvent;
+use relaylet::slim_pod::SlimPod;
+use relaylet::virtual_node::leaf_pods::PodFacts;
+use serde_json::json;
+
+struct Counting;
+
+thread_local! {
+    static ASKED: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards to the system allocator; the tally is a const-initialised thread local,
+// which never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ASKED.try_with(|a| a.set(a.get() + layout.size()));
+        // SAFETY: the caller's layout is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ASKED.try_with(|a| a.set(a.get() + new_size));
+        // SAFETY: as for `realloc` itself.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// The bytes this thread asked the allocator for while `f` ran.
+fn asked_during<T>(f: impl FnOnce() -> T) -> (usize, T) {
+    let before = ASKED.with(Cell::get);
+    let out = f();
+    (ASKED.with(Cell::get) - before, out)
+}
+
+/// A watch event line for a pod carrying `bulk` bytes of annotation and as many of env, its
+/// `type` first as the apiserver writes it.
+fn event(bulk: usize) -> Vec<u8> {
+    let object = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "namespace": "tenant-a",
+                "name": "web-7",
+                "uid": "3f1c0000-0000-0000-0000-000000000007",
+                "resourceVersion": "123456",
+                "labels": {"app": "web"},
+                "annotations": {"example.com/payload": "x".repeat(bulk)},
+            },
+            "spec": {
+                "nodeName": "leaf-node-3",
+                "containers": [{
+                    "name": "main",
+                    "image": "registry.example.com/web:1",
+                    "env": [{"name": "PAYLOAD", "value": "y".repeat(bulk)}],
+                    "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}},
+                }],
+                "volumes": [{"name": "data", "emptyDir": {}}],
+            },
+            "status": {"phase": "Running", "podIP": "10.0.0.7"},
+    });
+    format!(r#"{{"type":"ADDED","object":{object}}}"#).into_bytes()
+}
+
+fn decode_slim(line: &[u8]) -> PodFacts {
+    match serde_json::from_slice::<WatchEvent<SlimPod>>(line).unwrap() {
+        WatchEvent::Added(pod) => PodFacts::of(&pod),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_64_kib_pod_allocates_what_a_small_pod_allocates_while_it_is_decoded() {
+    let (small, big) = (event(0), event(64 * 1024));
+    // Once each first, so one-time allocations (lazy statics) count for neither.
+    let _ = (decode_slim(&small), decode_slim(&big));
+
+    let (small_bytes, small_facts) = asked_during(|| decode_slim(&small));
+    let (big_bytes, big_facts) = asked_during(|| decode_slim(&big));
+    assert_eq!(big_facts, small_facts, "the same facts are kept");
+    assert_eq!(big_facts.node.as_deref(), Some("leaf-node-3"));
+    assert_eq!(
+        big_bytes, small_bytes,
+        "a 64 KiB annotation and 64 KiB of env cost nothing while decoded"
+    );
+    // Its few strings and two small maps, all let go once the facts are built (~1.5 KiB).
+    assert!(
+        small_bytes < 2048,
+        "{small_bytes} bytes asked to decode one pod"
+    );
+
+    // The control: the whole object, as the watches decoded it before.
+    let (whole_bytes, _) = asked_during(|| {
+        serde_json::from_slice::<WatchEvent<Pod>>(&big).unwrap();
+    });
+    assert!(
+        whole_bytes > 128 * 1024,
+        "a whole Pod holds its bulk: {whole_bytes} bytes"
+    );
+}
