@@ -10,10 +10,10 @@
 //! returning: after the number of open sessions has fallen to half of a peak of at least
 //! [`MIN_PEAK`] since the last trim, at most once per [`TRIM_DELAY`], on a blocking thread.
 //! Steady churn of a few sessions at a time never triggers it. Watches call [`decoded`] for each
-//! object they read: every [`DECODED_BURST`] objects (each briefly held whole, a leaf pod with a
-//! 4 KiB annotation costs ~10 KiB while decoded) schedule one trim the same way, so a leaf that
-//! lists or deletes thousands of pods leaves relaylet where it was (`relaylet-dev bench --only
-//! fleet`). Other C libraries (musl) return memory eagerly; there this does nothing.
+//! object they read: every [`DECODED_BURST`] objects (pods are decoded as `SlimPod`s, but each
+//! event's line and list page are read whole first) schedule one trim the same way, so a leaf
+//! that lists or deletes thousands of pods leaves relaylet where it was (`relaylet-dev bench
+//! --only fleet`). Other C libraries (musl) return memory eagerly; there this does nothing.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
