@@ -39,6 +39,7 @@ impl Controller {
             written: None,
             lease_renewed: None,
             node_uid: None,
+            node_version: None,
             held: false,
             names_me: false,
             refused: None,
@@ -147,6 +148,14 @@ impl Controller {
                     }
                     state.node_uid = None;
                 }
+                Err(SyncError::Changed { .. }) => {
+                    // Someone wrote the Node since this replica last did (a label, a taint,
+                    // another replica's claim): read it again now and look who holds it.
+                    tracing::debug!(node = %leaf.node_name, "virtual node changed since last written: reading it again");
+                    state.node_uid = None;
+                    state.node_version = None;
+                    tick.reset_immediately();
+                }
                 Err(err @ SyncError::NoPort { .. }) => {
                     // node_ports says why, once; this retries every round until it is bound.
                     tracing::debug!(leaf = %leaf.name, %err, "virtual node not written yet");
@@ -189,11 +198,12 @@ impl Controller {
             _ => Some(self.ensure_node(leaf, &info).await?),
         };
         if let Some(node) = &existing {
-            if !self.take(node, state).await? {
+            let Some(held) = self.take(node, state).await? else {
                 return Ok(());
-            }
+            };
             state.node_uid = node.metadata.uid.clone();
-            self.keep_labels_and_taints(leaf, node, &info).await?;
+            let kept = self.keep_labels_and_taints(leaf, &held, &info).await?;
+            state.node_version = kept.unwrap_or(held).metadata.resource_version;
         }
         let previous_conditions = existing
             .as_ref()
@@ -241,15 +251,24 @@ impl Controller {
             if !self.assigned(&leaf.node_name) {
                 return Ok(());
             }
-            nodes
-                .patch_status(
-                    &leaf.node_name,
-                    &patch_params(),
-                    &Patch::Merge(json!({ "status": status })),
-                )
+            let changed = || SyncError::Changed {
+                node: leaf.node_name.clone(),
+            };
+            let version = state.node_version.clone().ok_or_else(changed)?;
+            let patch = json!({ "metadata": { "resourceVersion": version }, "status": status });
+            let written = match nodes
+                .patch_status(&leaf.node_name, &patch_params(), &Patch::Merge(patch))
                 .await
-                .inspect_err(|_| self.metrics.node_write_error("node"))?;
+            {
+                Ok(written) => written,
+                Err(kube::Error::Api(e)) if e.code == 409 => return Err(changed()),
+                Err(e) => {
+                    self.metrics.node_write_error("node");
+                    return Err(e.into());
+                }
+            };
             tracing::debug!(node = %leaf.node_name, "node status written");
+            state.node_version = written.metadata.resource_version;
             state.written = Some((status, Instant::now()));
         }
         if state
@@ -267,34 +286,38 @@ impl Controller {
         Ok(())
     }
 
-    /// Makes this replica `node`'s writer if it may be (`served_by::may_take`); whether it is.
-    async fn take(&self, node: &Node, state: &mut LeafLoop) -> Result<bool, SyncError> {
+    /// Makes this replica `node`'s writer if it may be (`served_by::may_take`); the Node as
+    /// this replica holds it, or `None` when it does not.
+    async fn take(&self, node: &Node, state: &mut LeafLoop) -> Result<Option<Node>, SyncError> {
         let me = &*self.replicas.me;
         let holder = served_by::served_by(node);
-        if holder != me {
+        let held = if holder == me {
+            node.clone()
+        } else {
             if state.held {
                 tracing::info!(node = ?node.metadata.name, by = %holder, "another replica took the virtual node");
                 state.let_go(self, node.metadata.name.as_deref().unwrap_or(""));
             }
             if !served_by::may_take(holder, me, &self.replicas.peers()) {
                 // Its writer is alive: it hands the Node back when it sees the assignment.
-                return Ok(false);
+                return Ok(None);
             }
-            if !self.write_served_by(node, me).await? {
-                return Ok(false);
-            }
+            let Some(taken) = self.write_served_by(node, me).await? else {
+                return Ok(None);
+            };
             tracing::info!(node = ?node.metadata.name, from = %holder, "took the virtual node");
             self.metrics.virtual_node_takeovers.inc();
             // Written at once (with this replica's address): the replica handing the Node over
             // waits for that before it stops accepting.
             state.written = None;
             state.lease_renewed = None;
-        }
+            taken
+        };
         if !state.held {
             state.held = true;
             self.set_served(node.metadata.name.as_deref().unwrap_or(""), true);
         }
-        Ok(true)
+        Ok(Some(held))
     }
 
     /// Writes `node`'s writer empty if it still names this replica; whether the Node no longer
@@ -307,7 +330,7 @@ impl Controller {
         if served_by::served_by(&current) != &*self.replicas.me {
             return Ok(true);
         }
-        if !self.write_served_by(&current, "").await? {
+        if self.write_served_by(&current, "").await?.is_none() {
             return Ok(false);
         }
         tracing::info!(node, "handed the virtual node back for another replica");
@@ -346,6 +369,10 @@ struct LeafLoop {
     written: Option<(NodeStatus, Instant)>,
     lease_renewed: Option<Instant>,
     node_uid: Option<String>,
+    /// The Node's resourceVersion as this replica last read or wrote it while holding it. Every
+    /// write carries it, so none lands on a Node changed since (taken by another replica while
+    /// this one was starved, say): the apiserver answers 409 and the Node is read again.
+    node_version: Option<String>,
     /// Whether this replica writes the Node (its `served-by` names it).
     held: bool,
     /// Whether the Node, as last watched, names this replica (held or not).
@@ -380,6 +407,7 @@ impl LeafLoop {
         self.held = false;
         self.written = None;
         self.node_uid = None;
+        self.node_version = None;
         self.lease_renewed = None;
         controller.set_served(node, false);
     }

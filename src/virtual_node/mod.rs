@@ -94,6 +94,10 @@ enum SyncError {
     NotOurs { node: String, owner: String },
     #[error("node {node} has no kubelet port of its own yet (see the node listener's log)")]
     NoPort { node: String },
+    /// A write carrying the Node's resourceVersion met a newer Node: read it again (whoever
+    /// wrote it may have taken it over).
+    #[error("node {node} changed since this replica last read it")]
+    Changed { node: String },
 }
 
 impl Controller {
@@ -357,13 +361,14 @@ impl Controller {
     }
 
     /// Puts relaylet's labels and taints on an existing Node without touching anyone else's
-    /// (the node lifecycle controller's `unreachable` taint, labels users added).
+    /// (the node lifecycle controller's `unreachable` taint, labels users added); the Node as
+    /// written, if it was. The write carries `node`'s resourceVersion.
     async fn keep_labels_and_taints(
         &self,
         leaf: &Leaf,
         node: &Node,
         info: &k8s_openapi::api::core::v1::NodeSystemInfo,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Option<Node>, SyncError> {
         let labels = self.labels_for(leaf, info);
         let current_labels = node.metadata.labels.clone().unwrap_or_default();
         let labels_ok = labels.iter().all(|(k, v)| current_labels.get(k) == Some(v));
@@ -392,23 +397,30 @@ impl Controller {
         };
         let taints_ok = same_taints(&wanted, &current_taints);
         if labels_ok && taints_ok {
-            return Ok(());
+            return Ok(None);
         }
-        let mut patch = json!({});
+        let mut patch =
+            json!({ "metadata": { "resourceVersion": node.metadata.resource_version } });
         if !labels_ok {
-            patch["metadata"] = json!({ "labels": labels });
+            patch["metadata"]["labels"] = json!(labels);
         }
         if !taints_ok {
             patch["spec"] = json!({ "taints": wanted });
         }
         if !self.assigned(&leaf.node_name) {
-            return Ok(());
+            return Ok(None);
         }
         let nodes: Api<Node> = Api::all(self.root.clone());
-        nodes
+        match nodes
             .patch(&leaf.node_name, &patch_params(), &Patch::Merge(patch))
             .await
-            .map(|_| ())
+        {
+            Ok(written) => Ok(Some(written)),
+            Err(kube::Error::Api(e)) if e.code == 409 => Err(SyncError::Changed {
+                node: leaf.node_name.clone(),
+            }),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 //! A replica takes a Node (writes its own name into the annotation) only when the annotation is
 //! empty, already its own, or names a replica that cannot be writing any more (its presence
 //! Lease expired, was released or deleted: `replicas`). The write carries the resourceVersion
-//! it read, so of two replicas racing for one Node exactly one wins. A replica that is no longer
+//! it read, so of two replicas racing for one Node exactly one wins; so does every later write
+//! of the holder (`leaf_loop`), so a replica that lost the Node while it was starved cannot land
+//! a write after the new holder's claim. A replica that is no longer
 //! assigned a Node hands it back by writing the annotation empty, the same way.
 
 use k8s_openapi::api::core::v1::Node;
@@ -34,14 +36,18 @@ pub fn may_take(holder: &str, me: &str, peers: &Peers) -> bool {
 }
 
 impl Controller {
-    /// Writes `to` as `node`'s writer if the Node is still as read (its resourceVersion);
-    /// whether it was written (`false`: someone changed the Node meanwhile, read it again).
-    pub(super) async fn write_served_by(&self, node: &Node, to: &str) -> Result<bool, kube::Error> {
+    /// Writes `to` as `node`'s writer if the Node is still as read (its resourceVersion); the
+    /// Node as written (`None`: someone changed it meanwhile, read it again).
+    pub(super) async fn write_served_by(
+        &self,
+        node: &Node,
+        to: &str,
+    ) -> Result<Option<Node>, kube::Error> {
         let (Some(name), Some(version)) = (
             node.metadata.name.as_deref(),
             node.metadata.resource_version.as_deref(),
         ) else {
-            return Ok(false);
+            return Ok(None);
         };
         let nodes: Api<Node> = Api::all(self.root.clone());
         let patch = json!({
@@ -54,8 +60,8 @@ impl Controller {
             .patch(name, &patch_params(), &Patch::Merge(patch))
             .await
         {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Ok(written) => Ok(Some(written)),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
             Err(e) => Err(e),
         }
     }
