@@ -662,18 +662,11 @@ fn addresses_follow_the_writer(store: &Store, since: u64, node: &str, ips: &BTre
 /// Finished sessions of leaf `leaf` that `replica` served.
 fn sessions_of(replica: &Replica, leaf: &str) -> f64 {
     let text = replica.running.metrics.encode().expect("metrics");
-    let lines = text.lines().map(|l| Ok(l.to_string()));
-    let scrape = prometheus_parse::Scrape::parse(lines).expect("exposition");
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == "relaylet_sessions_total")
-        .filter(|s| s.labels.get("leaf") == Some(leaf))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
-            _ => 0.0,
-        })
-        .sum()
+    relaylet_dev::testkit::metrics::sum(
+        &relaylet_dev::testkit::metrics::parse(&text),
+        "relaylet_sessions_total",
+        &[("leaf", leaf)],
+    )
 }
 
 /// Execs in every leaf's pod through the root apiserver and waits until each session is
@@ -1043,17 +1036,7 @@ async fn root_with_the_default_hostname_first_order_still_dials_relaylet() {
 /// Reads a counter of `replica`'s metrics (0 when absent).
 fn counter(replica: &Replica, name: &str) -> f64 {
     let text = replica.running.metrics.encode().expect("metrics");
-    let lines = text.lines().map(|l| Ok(l.to_string()));
-    let scrape = prometheus_parse::Scrape::parse(lines).expect("exposition");
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == name)
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
-            _ => 0.0,
-        })
-        .sum()
+    relaylet_dev::testkit::metrics::sum(&relaylet_dev::testkit::metrics::parse(&text), name, &[])
 }
 
 /// A second install in another namespace: no leaf of its own (or one whose node name clashes),

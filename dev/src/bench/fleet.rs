@@ -582,15 +582,11 @@ impl Replica {
     async fn sessions(&self) -> anyhow::Result<f64> {
         let got = crate::testkit::metrics::http_get(self.metrics, "/metrics").await;
         let scrape = crate::testkit::metrics::parse(&got.body);
-        Ok(scrape
-            .samples
-            .iter()
-            .filter(|s| s.metric == "relaylet_sessions_total")
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
-                _ => 0.0,
-            })
-            .sum())
+        Ok(crate::testkit::metrics::sum(
+            &scrape,
+            "relaylet_sessions_total",
+            &[],
+        ))
     }
 
     async fn stop(mut self) {

@@ -102,6 +102,20 @@ pub fn count(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     value(scrape, name, labels).unwrap_or(0.0)
 }
 
+/// The sum of every sample of `name` whose labels include all of `labels` (a counter over all
+/// its other labels: results, kinds); 0 when there is none.
+pub fn sum(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
 /// The `_count` of histogram `name` with `labels` (prometheus-parse folds buckets into one
 /// sample; the count is the last bucket's).
 pub fn histogram_count(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> u64 {

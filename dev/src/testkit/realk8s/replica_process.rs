@@ -67,16 +67,8 @@ impl ReplicaProcess {
         let metrics = self.metrics;
         let scrape = crate::testkit::RT
             .block_on(async move { crate::testkit::metrics::http_get(metrics, "/metrics").await });
-        crate::testkit::metrics::parse(&scrape.body)
-            .samples
-            .iter()
-            .filter(|s| s.metric == "relaylet_sessions_total")
-            .filter(|s| s.labels.get("leaf") == Some(leaf))
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
-                _ => 0.0,
-            })
-            .sum()
+        let scrape = crate::testkit::metrics::parse(&scrape.body);
+        crate::testkit::metrics::sum(&scrape, "relaylet_sessions_total", &[("leaf", leaf)])
     }
 }
 
