@@ -706,8 +706,9 @@ async fn sessions_go_to_their_nodes_replica(
 /// with its own address first, so each node's sessions go to its replica; a crashed replica's
 /// nodes move to the others without going NotReady; a replica shutting down hands its nodes
 /// over before it stops accepting, and sessions sent meanwhile are served; a replica that joins
-/// takes a fair share while a session already open on a moved node goes on where it is. No
-/// replica ever writes a Node another holds.
+/// takes a fair share while a session already open on a moved node goes on where it is; a
+/// replica restarted under its old name as another joins lets go of what is assigned elsewhere.
+/// No replica ever writes a Node another holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
     tokio::time::timeout(Duration::from_secs(300), async {
@@ -724,6 +725,7 @@ async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
             ("relaylet-1", "127.0.0.2"),
             ("relaylet-2", "127.0.0.3"),
             ("relaylet-3", "127.0.0.4"),
+            ("relaylet-4", "127.0.0.5"),
         ]);
         let port = free_port();
         let mut replicas: BTreeMap<&str, Replica> = BTreeMap::new();
@@ -868,6 +870,26 @@ async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
         wait_for("the open session is counted by relaylet-2", || {
             (sessions_of(&replicas["relaylet-2"], moved_leaf) > stayed_before).then_some(())
         })
+        .await;
+        sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
+
+        // relaylet-3 restarts under its old name (a StatefulSet pod, a restarted container)
+        // just after relaylet-4 joined: of the three Nodes that name relaylet-3, at least one
+        // is now assigned elsewhere, and since relaylet-3's presence Lease never lapses no
+        // other replica may take it; relaylet-3 hands it back (whether it took it first or
+        // already counted relaylet-4 and never held it: which one is up to timing).
+        replicas.remove("relaylet-3").expect("relaylet-3").crash();
+        for name in ["relaylet-4", "relaylet-3"] {
+            replicas.insert(
+                name,
+                Replica::start(&root, name, ips[name], port, &[]).await,
+            );
+        }
+        let owners = spread_over(
+            &store,
+            &nodes,
+            &live(&["relaylet-2", "relaylet-3", "relaylet-4"]),
+        )
         .await;
         sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
 
