@@ -53,15 +53,17 @@ pub struct Size {
 }
 
 impl Size {
-    /// The mode's size; `RELAYLET_FLEET_LEAVES` sets the number of leaves (100 pods each).
+    /// The mode's size; `RELAYLET_FLEET_LEAVES` sets the number of leaves (100 pods each),
+    /// `RELAYLET_FLEET_PODS` the number of leaf pods in all.
     pub fn for_mode(smoke: bool, quick: bool) -> Size {
         let mut size = Size::of_mode(smoke, quick);
-        if let Some(leaves) = std::env::var("RELAYLET_FLEET_LEAVES")
-            .ok()
-            .and_then(|l| l.parse().ok())
-        {
+        let number = |name: &str| std::env::var(name).ok().and_then(|n| n.parse().ok());
+        if let Some(leaves) = number("RELAYLET_FLEET_LEAVES") {
             size.leaves = leaves;
             size.pods = leaves * 100;
+        }
+        if let Some(pods) = number("RELAYLET_FLEET_PODS") {
+            size.pods = pods;
         }
         size
     }
