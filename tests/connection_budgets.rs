@@ -75,41 +75,12 @@ async fn get<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     answer(conn, path).await.0
 }
 
-/// Sends a keep-alive GET of `path`; the status line and the body (read to its
-/// Content-Length).
+/// Sends a keep-alive GET of `path`; the status line and the body.
 async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     conn: &mut S,
     path: &str,
 ) -> (String, String) {
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n\r\n").as_bytes())
-        .await
-        .expect("send the request");
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let n = tokio::time::timeout(HANG, conn.read(&mut buf))
-            .await
-            .expect("an answer")
-            .unwrap_or(0);
-        got.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&got).into_owned();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().to_string())
-                })
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(0);
-            if body.len() >= length || n == 0 {
-                let status = head.lines().next().unwrap_or("").to_string();
-                return (status, body.to_string());
-            }
-        }
-        assert!(n > 0, "closed before a complete answer: {text:?}");
-    }
+    support::raw_http::get(conn, path).await
 }
 
 /// The `(code, reason, message)` of a Status body.

@@ -87,40 +87,6 @@ fn lease_holders(sb: &relaylet_dev::sandbox::Sandbox, since: u64) -> Vec<Option<
         .collect()
 }
 
-/// Sends a keep-alive GET of `path` on `conn`; everything the server sent until it closed
-/// the connection or an answer's Content-Length was complete.
-async fn keep_alive_get<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    conn: &mut S,
-    path: &str,
-) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let request = format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n\r\n");
-    conn.write_all(request.as_bytes()).await.expect("send");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = tokio::time::timeout(HANG, conn.read(&mut buf))
-            .await
-            .expect("an answer")
-            .unwrap_or(0);
-        got.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&got).into_owned();
-        let complete = text.split_once("\r\n\r\n").is_some_and(|(head, body)| {
-            head.lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().to_string())
-                })
-                .and_then(|v| v.parse::<usize>().ok())
-                .is_some_and(|length| body.len() >= length)
-        });
-        if n == 0 || complete {
-            return text;
-        }
-    }
-}
-
 fn metrics(running: &relaylet::Running) -> String {
     running.metrics.encode().unwrap_or_default()
 }
@@ -206,7 +172,7 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
     let mut kept = RT
         .block_on(e.connect_kubelet_api(None))
         .expect("a connection to the kubelet port");
-    let before = RT.block_on(keep_alive_get(&mut kept, "/pods"));
+    let (before, _) = RT.block_on(support::raw_http::get(&mut kept, "/pods"));
     assert!(before.starts_with("HTTP/1.1 401"), "{before}");
 
     // SIGTERM.
@@ -214,10 +180,10 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
     sb.shutdown.begin.cancel();
 
     // A request on the kept connection is refused like a new connection, and it is closed.
-    let after = RT.block_on(keep_alive_get(&mut kept, "/pods"));
+    let (after, body) = RT.block_on(support::raw_http::get(&mut kept, "/pods"));
     assert!(
-        after.starts_with("HTTP/1.1 503") && after.contains("relaylet: this listener has stopped"),
-        "{after}"
+        after.starts_with("HTTP/1.1 503") && body.contains("relaylet: this listener has stopped"),
+        "{after} {body}"
     );
 
     // Leadership moves at once: the leader releases its Lease (empty holder), and the other

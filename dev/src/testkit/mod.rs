@@ -6,6 +6,7 @@ pub mod forwarder;
 pub mod metrics;
 pub mod process;
 pub mod proxy;
+pub mod raw_http;
 pub mod realk8s;
 pub mod ws_exec;
 
