@@ -132,9 +132,15 @@ impl Replicas {
         let api: Api<Lease> = Api::namespaced(root, namespace);
         tokio::spawn(async move {
             let mut seen = Seen::default();
+            // Said once when listing starts failing, and once when it works again: while it
+            // fails this replica sees no peers, so it spreads nodes over itself alone.
+            let mut failing = false;
             loop {
                 match api.list(&ListParams::default()).await {
                     Ok(list) => {
+                        if std::mem::take(&mut failing) {
+                            tracing::info!("listing replica presence leases works again");
+                        }
                         let peers = seen.observe(&list.items, Instant::now());
                         tx.send_if_modified(|old| {
                             let changed = *old != peers;
@@ -144,6 +150,10 @@ impl Replicas {
                         if leader.is_leader() {
                             forget_gone(&api, &seen.long_gone(Instant::now())).await;
                         }
+                    }
+                    Err(err) if !failing => {
+                        failing = true;
+                        tracing::warn!(%err, "listing replica presence leases failed: the other replicas are not seen (retrying)");
                     }
                     Err(err) => tracing::debug!(%err, "listing replica presence leases"),
                 }
