@@ -4,11 +4,29 @@
 //! agent that dials out to it, as in a leaf behind NAT. The agent can be killed and started
 //! again, to cut the tunnel under a session and bring it back.
 
+use std::io::{Read, Write};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use relaylet_sim::tls::Ca;
 
 use super::harness::{K8s, Process, free_port};
+
+/// Only turns a hang into a failure; nothing is measured against it.
+const HANG: Duration = Duration::from_secs(120);
+
+/// The proxy server's `/readyz` answer (status line and body), or what went wrong asking.
+fn readyz(port: u16) -> String {
+    let ask = || -> std::io::Result<String> {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+        conn.write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer)?;
+        Ok(answer)
+    };
+    ask().unwrap_or_else(|err| err.to_string())
+}
 
 /// The pinned version, from `tests/realk8s/konnectivity/go.mod`.
 pub fn version() -> String {
@@ -36,6 +54,8 @@ pub struct Konnectivity {
     /// The hosts the agent says it reaches (`--agent-identifiers=host=...`).
     agent_host: String,
     agent_port: u16,
+    /// The server's health port: `/readyz` answers 200 once an agent is connected.
+    health_port: u16,
     dir: PathBuf,
     _server: Process,
     agent: Option<Process>,
@@ -70,6 +90,7 @@ impl Konnectivity {
         write("konnectivity-agent.key", &agent.key_pem)?;
         let server_port = free_port();
         let agent_port = free_port();
+        let health_port = free_port();
         let args = [
             "--mode=http-connect".to_string(),
             "--proxy-strategies=destHost,default".to_string(),
@@ -83,7 +104,7 @@ impl Konnectivity {
             format!("--cluster-cert={cert}"),
             format!("--cluster-key={key}"),
             format!("--admin-port={}", free_port()),
-            format!("--health-port={}", free_port()),
+            format!("--health-port={health_port}"),
             "--server-count=1".to_string(),
         ];
         let server = Process::spawn(
@@ -99,13 +120,36 @@ impl Konnectivity {
             client_key_pem: client.key_pem,
             agent_host: agent_host.to_string(),
             agent_port,
+            health_port,
             dir: dir.to_path_buf(),
             _server: server,
             agent: None,
             agent_starts: 0,
         };
         konnectivity.start_agent();
+        // Until the agent has dialled in, every CONNECT fails ("No agent available"): a leaf
+        // behind it would start unreachable and be retried on backoff, which on a loaded
+        // machine can outlast the sandbox's wait for a Ready Node.
+        konnectivity.wait_for_agent()?;
         Ok(konnectivity)
+    }
+
+    /// Waits until the server reports an agent connected (its `/readyz`).
+    pub fn wait_for_agent(&self) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + HANG;
+        loop {
+            let answer = readyz(self.health_port);
+            if answer.starts_with("HTTP/1.1 200") {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "no konnectivity agent connected within {HANG:?}; the server's /readyz said {answer:?} (logs in {})",
+                    self.dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Starts the agent (again).
