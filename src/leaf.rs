@@ -44,7 +44,7 @@ fn api_client(config: &kube::Config, dialer: LeafDialer) -> Result<Client, kube:
     https.set_reset_reader_on_write(config.reset_reader_on_write);
     // The read buffer stays at most one TLS record (16 KiB): hyper's default lets it grow to
     // ~400 KiB under a burst of watch events and keeps it, per leaf connection (`relaylet-dev
-    // bench --only fleet`: with 30 leaves, 1.1-2.4 KiB of RSS per leaf pod instead of ~0.9).
+    // bench --only fleet`: with 30 leaves, 1.2-2.4 KiB of RSS per leaf pod instead of ~0.9).
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http1_max_buf_size(16 * 1024)
         .build::<_, kube::client::Body>(https);

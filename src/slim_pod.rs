@@ -2,8 +2,7 @@
 //! resourceVersion, node, phase, resource requests). Everything else in each object's JSON
 //! (annotations, labels, managedFields, env, volumes, most of the status) is skipped while it
 //! is parsed and never allocated. So a pod with a 64 KiB annotation costs, even for the moment
-//! its event is read, what a small pod costs, and pods that come and go by the thousand do not
-//! leave the heap fragmented by the objects they were decoded into.
+//! its event is read, what a small pod costs (`tests/slim_decode.rs`).
 //!
 //! It is a [`kube::Resource`] of its own (same group, version and plural as `Pod`), so kube's
 //! watcher and `Api` decode straight into it.
@@ -21,41 +20,32 @@ use serde::{Deserialize, Deserializer};
 pub struct SlimPod {
     #[serde(default, deserialize_with = "slim_meta")]
     pub metadata: ObjectMeta,
-    #[serde(default)]
     pub spec: Option<SlimSpec>,
-    #[serde(default)]
     pub status: Option<SlimStatus>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SlimSpec {
-    #[serde(default)]
     pub node_name: Option<String>,
-    #[serde(default)]
     pub containers: Option<Vec<SlimContainer>>,
-    #[serde(default)]
     pub init_containers: Option<Vec<SlimContainer>>,
-    #[serde(default)]
     pub overhead: Option<BTreeMap<String, Quantity>>,
 }
 
 /// Of a container, only its resource requests.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SlimContainer {
-    #[serde(default)]
     pub resources: Option<SlimResources>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SlimResources {
-    #[serde(default)]
     pub requests: Option<BTreeMap<String, Quantity>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SlimStatus {
-    #[serde(default)]
     pub phase: Option<String>,
 }
 
@@ -63,13 +53,9 @@ pub struct SlimStatus {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct SlimMeta {
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     namespace: Option<String>,
-    #[serde(default)]
     uid: Option<String>,
-    #[serde(default)]
     resource_version: Option<String>,
 }
 

@@ -108,6 +108,10 @@ pub async fn serve(
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let gate = server.gate.clone();
     let app = server.clone().router();
+    let closing = refusal(
+        "relaylet: this listener has stopped (relaylet is shutting down, or the virtual node was removed)"
+            .to_string(),
+    );
     loop {
         let Some((tcp, peer)) = listener::next(&listener, &stop, "kubelet").await else {
             return;
@@ -127,6 +131,7 @@ pub async fn serve(
         let stop = stop.clone();
         let gate = gate.clone();
         let app = app.clone();
+        let closing = closing.clone();
         let metrics = server.metrics.clone();
         tokio::spawn(async move {
             let tcp = ReadAhead::new(tcp);
@@ -175,7 +180,7 @@ pub async fn serve(
                 unauthenticated,
                 head,
             };
-            serve_connection(tls, conn, app, stop).await;
+            serve_connection(tls, conn, app, closing, stop).await;
             drop(permit);
         });
     }
@@ -196,6 +201,7 @@ async fn serve_connection(
     tls: crate::splice::CallerStream,
     conn: Conn,
     app: Router,
+    closing: Router,
     stop: CancellationToken,
 ) {
     let Conn {
@@ -205,10 +211,6 @@ async fn serve_connection(
         head,
     } = conn;
     let header_bytes = MAX_HEADER_BYTES.min(head);
-    let closing = refusal(
-        "relaylet: this listener has stopped (relaylet is shutting down, or the virtual node was removed)"
-            .to_string(),
-    );
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(cert.clone());
         req.extensions_mut().insert(peer);
