@@ -32,7 +32,7 @@ static KONNECTIVITY: OnceLock<Mutex<Konnectivity>> = OnceLock::new();
 fn env() -> &'static Env {
     support::env(|| {
         let version = konnectivity::version();
-        let k = Konnectivity::start("127.0.0.1").expect("konnectivity starts");
+        let k = Konnectivity::start("127.0.0.1", None).expect("konnectivity starts");
         // Straight to stderr, not captured: the run's first lines name the versions.
         let _ = writeln!(
             std::io::stderr(),

@@ -111,7 +111,10 @@ pub async fn probe(client: &Client, watch: &LeafWatch) -> Health {
         Err(_) => {
             return Health::Unreachable(format!("/readyz did not answer within {PROBE_TIMEOUT:?}"));
         }
-        Ok(Err(err)) => return Health::Unreachable(format!("/readyz: {err}")),
+        // hyper's own message ("client error (Connect)") leaves the cause out.
+        Ok(Err(err)) => {
+            return Health::Unreachable(format!("/readyz: {}", crate::leaf_proxy::chain(&err)));
+        }
         Ok(Ok(_)) => {}
     }
     // Until the watches have listed once, the stores are empty: counting now would report a

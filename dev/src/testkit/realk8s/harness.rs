@@ -243,6 +243,9 @@ pub struct Options {
     pub verify_kubelet_certificates: bool,
     /// The Kubernetes version of the control plane and its kubelets.
     pub version: K8s,
+    /// Another address the apiserver serves on (besides loopback, with it in its certificate),
+    /// for clients in another network namespace.
+    pub also_serve_on: Option<std::net::IpAddr>,
 }
 
 impl ControlPlane {
@@ -261,14 +264,15 @@ impl ControlPlane {
         // service-account signing key.
         let ca = Ca::new(&format!("{}-ca", options.name)).expect("CA");
         let front = Ca::new(&format!("{}-front-proxy-ca", options.name)).expect("front CA");
-        let serving = ca
-            .issue_server(&[
-                "127.0.0.1",
-                "localhost",
-                "kubernetes",
-                "kubernetes.default.svc",
-            ])
-            .expect("apiserver certificate");
+        let also = options.also_serve_on.map(|ip| ip.to_string());
+        let mut names = vec![
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default.svc",
+        ];
+        names.extend(also.as_deref());
+        let serving = ca.issue_server(&names).expect("apiserver certificate");
         let kubelet_client = ca
             .issue_client("kube-apiserver-kubelet-client", &[])
             .expect("kubelet client certificate");
@@ -324,7 +328,15 @@ impl ControlPlane {
         let mut apiserver_args = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
             format!("--secure-port={port}"),
-            "--bind-address=127.0.0.1".to_string(),
+            // All addresses only when asked to serve on another one as well.
+            format!(
+                "--bind-address={}",
+                if also.is_some() {
+                    "0.0.0.0"
+                } else {
+                    "127.0.0.1"
+                }
+            ),
             "--advertise-address=127.0.0.1".to_string(),
             format!("--tls-cert-file={serving_cert}"),
             format!("--tls-private-key-file={serving_key}"),

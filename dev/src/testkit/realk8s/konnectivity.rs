@@ -64,8 +64,12 @@ pub struct Konnectivity {
 
 impl Konnectivity {
     /// Starts the server and an agent that serves destinations on `agent_host`; their files
-    /// and logs go in a directory removed when the test process exits.
-    pub fn start(agent_host: &str) -> anyhow::Result<Konnectivity> {
+    /// and logs go in a directory removed when the test process exits. Clients reach the server
+    /// on loopback and on `also_on` (its certificate names both).
+    pub fn start(
+        agent_host: &str,
+        also_on: Option<std::net::IpAddr>,
+    ) -> anyhow::Result<Konnectivity> {
         let dir = std::env::temp_dir().join(format!(
             "relaylet-konnectivity-{}-{}",
             std::process::id(),
@@ -75,7 +79,10 @@ impl Konnectivity {
         crate::testkit::remove_at_exit(dir.clone());
         let dir = dir.as_path();
         let ca = Ca::new("konnectivity-ca")?;
-        let serving = ca.issue_server(&["127.0.0.1", "localhost"])?;
+        let also = also_on.map(|ip| ip.to_string());
+        let mut names = vec!["127.0.0.1", "localhost"];
+        names.extend(also.as_deref());
+        let serving = ca.issue_server(&names)?;
         let client = ca.issue_client("relaylet", &[])?;
         let agent = ca.issue_client("konnectivity-agent", &[])?;
         let write = |name: &str, pem: &str| -> anyhow::Result<String> {

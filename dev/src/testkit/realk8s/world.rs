@@ -51,6 +51,9 @@ pub struct Setup {
     pub root_version: K8s,
     /// The leaf clusters' Kubernetes version (apiserver and leafkubelet).
     pub leaf_version: K8s,
+    /// Another address the root apiserver serves on: the host's end of the network namespace
+    /// a test runs relaylet in ([`super::netns`]).
+    pub root_also_on: Option<IpAddr>,
 }
 
 impl Default for Setup {
@@ -68,6 +71,7 @@ impl Default for Setup {
             routable_replicas: false,
             root_version: K8s::V1_35,
             leaf_version: K8s::V1_35,
+            root_also_on: None,
         }
     }
 }
@@ -130,6 +134,7 @@ impl World {
                 controller_manager: true,
                 verify_kubelet_certificates: setup.verify_kubelet_certificates,
                 version: setup.root_version,
+                also_serve_on: setup.root_also_on,
             },
         );
         // The root: relaylet's namespace, ServiceAccount and RBAC exactly as the chart renders.
@@ -155,10 +160,11 @@ impl World {
                     controller_manager: false,
                     verify_kubelet_certificates: false,
                     version: setup.leaf_version,
+                    also_serve_on: None,
                 },
             );
             leaf.add_kubelet(&leaf_node(name));
-            connect_leaf(dir.path(), &root, &leaf);
+            connect_leaf(dir.path(), &root, &leaf, name, &[]);
             leaves.insert(name.to_string(), leaf);
         }
 
@@ -288,6 +294,43 @@ impl World {
             &[],
             &env,
         )
+    }
+
+    /// Registers leaf cluster `leaf` (again) as leaf `name`, with `make-leaf-secret.sh`'s
+    /// `extra` options (`--proxy-url ...`); the Secret is replaced if it exists.
+    pub fn register_leaf(&self, leaf: &str, name: &str, extra: &[String]) {
+        connect_leaf(self.dir.path(), &self.root, self.leaf(leaf), name, extra);
+    }
+
+    /// [`spawn_relaylet_process`](Self::spawn_relaylet_process) as replica 0 inside `netns`:
+    /// its pod IP is the namespace's end of the pair, and it dials the root apiserver at the
+    /// host's end (the world started with [`Setup::root_also_on`] that address).
+    pub fn spawn_relaylet_in(
+        &self,
+        netns: &super::netns::Netns,
+        binary: &Path,
+    ) -> harness::Process {
+        let mut env = self.replica_env(0);
+        env.insert("LEAF_NODE_IP".into(), netns.ns_ip.to_string());
+        env.insert(
+            "METRICS_ADDR".into(),
+            format!("{}:{}", netns.ns_ip, harness::free_port()),
+        );
+        let root_url = self
+            .root
+            .url
+            .replace("127.0.0.1", &netns.host_ip.to_string());
+        let kubeconfig = self.dir.path().join("relaylet-netns.kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            self.replica_kubeconfig(0)
+                .replace(&self.root.url, &root_url),
+        )
+        .expect("write kubeconfig");
+        env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());
+        env.insert("RUST_LOG".into(), "info".into());
+        let (program, args) = netns.wrap(binary, &[]);
+        harness::Process::spawn_with_env("relaylet-0", self.dir.path(), &program, &args, &env)
     }
 
     /// Stops replica `i` as a rollout does (SIGTERM: stop accepting, give up leadership).
@@ -534,7 +577,13 @@ pub fn pod_manifest(
 
 /// Gives relaylet access to `leaf` as the README says: deploy/leaf-rbac.yaml in the leaf, a
 /// bounded token for its ServiceAccount, and the Secret deploy/make-leaf-secret.sh makes.
-fn connect_leaf(dir: &Path, root: &ControlPlane, leaf: &ControlPlane) {
+fn connect_leaf(
+    dir: &Path,
+    root: &ControlPlane,
+    leaf: &ControlPlane,
+    name: &str,
+    extra: &[String],
+) {
     leaf.kubectl_ok(&[
         "apply",
         "-f",
@@ -557,8 +606,9 @@ fn connect_leaf(dir: &Path, root: &ControlPlane, leaf: &ControlPlane) {
     );
     let out = Command::new("bash")
         .arg(repo().join("deploy/make-leaf-secret.sh"))
-        .args(["--leaf-context", &leaf.name, "--name", &leaf.name])
+        .args(["--leaf-context", &leaf.name, "--name", name])
         .args(["--root-context", &root.name])
+        .args(extra)
         .args(["--namespace", RELAYLET_NAMESPACE])
         .arg("--token-file")
         .arg(&token_file)
