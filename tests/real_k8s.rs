@@ -867,9 +867,9 @@ fn websocket_calls_are_proxied_to_relaylet_by_the_1_37_root() {
         "jsonpath={.status.declaredFeatures}",
     ]);
     assert_eq!(declared.trim(), r#"["ExtendWebSocketsToKubelet"]"#);
-    let before = streaming_counts(w);
+    let before = streaming_counts(&w.root);
     run_all(w, &kubectl("1.35"), "demo", "attached");
-    let after = streaming_counts(w);
+    let after = streaming_counts(&w.root);
     for subresource in ["exec", "attach", "portforward"] {
         assert!(
             counted_since(&before, &after, subresource, "proxied_to_kubelet") > 0,

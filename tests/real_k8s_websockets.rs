@@ -10,6 +10,9 @@
 //!   exec sessions: what kubectl 1.27 (SPDY), kubectl 1.35 (WebSocket v5, now proxied to relaylet
 //!   unchanged) and a WebSocket v4 client see, asserted as it is (docs/operations.md, "When
 //!   relaylet ends a session").
+//! - With 1.37 leaves whose kubelet declares the feature as a 1.36+ kubelet does (and translates
+//!   WebSocket calls itself), the leaf apiserver proxies relaylet's re-issued calls to the kubelet
+//!   too: no apiserver on the path translates (the bytes cross both apiservers as WebSocket frames).
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -53,9 +56,9 @@ fn with_the_setting_off_the_1_37_root_translates_and_every_call_works() {
     ]);
     assert_eq!(declared.trim(), "", "nothing is declared");
     let k = kubectl("1.35");
-    let before = streaming_counts(&w);
+    let before = streaming_counts(&w.root);
     run_all(&w, &k, "demo", "attached");
-    let after = streaming_counts(&w);
+    let after = streaming_counts(&w.root);
     for subresource in ["exec", "attach", "portforward"] {
         assert!(
             counted_since(&before, &after, subresource, "translated_at_apiserver") > 0,
@@ -175,4 +178,58 @@ fn a_killed_relaylet_fails_websocket_kubectl_through_a_1_37_root() {
         read.error.is_empty() && !read.closed_cleanly,
         "WebSocket v4: no Status and no close frame: {read:?}"
     );
+}
+
+/// A 1.37 root and 1.37 leaves: leaf-1's kubelet declares `ExtendWebSocketsToKubelet` (as real
+/// 1.36+ kubelets do), leaf-2's does not. Every kubectl 1.35 WebSocket call works on both; the
+/// root proxies all of them to relaylet, and leaf-1's apiserver proxies them on to its kubelet
+/// while leaf-2's translates them to SPDY.
+#[test]
+fn a_declaring_leaf_kubelet_gets_the_calls_proxied_by_its_apiserver_too() {
+    let _turn = turn();
+    let w = World::start(Setup {
+        root_version: K8s::V1_37,
+        leaf_version: K8s::V1_37,
+        leaves: &["leaf-1", "leaf-2"],
+        declaring_leaves: &["leaf-1"],
+        ..Setup::default()
+    });
+    let declared = |leaf: &str| {
+        w.leaf(leaf)
+            .kubectl_ok(&[
+                "get",
+                "node",
+                &format!("{leaf}-node"),
+                "-o",
+                "jsonpath={.status.declaredFeatures}",
+            ])
+            .trim()
+            .to_string()
+    };
+    assert_eq!(declared("leaf-1"), r#"["ExtendWebSocketsToKubelet"]"#);
+    assert_eq!(declared("leaf-2"), "");
+    let k = kubectl("1.35");
+    for (leaf, leaf_proxy_type) in [
+        ("leaf-1", "proxied_to_kubelet"),
+        ("leaf-2", "translated_at_apiserver"),
+    ] {
+        let (demo, attached) = (format!("demo-{leaf}"), format!("attached-{leaf}"));
+        w.sync_pod(leaf, "default", &demo);
+        w.sync_pod(leaf, "default", &attached);
+        let root_before = streaming_counts(&w.root);
+        let leaf_before = streaming_counts(w.leaf(leaf));
+        run_all(&w, &k, &demo, &attached);
+        let root_after = streaming_counts(&w.root);
+        let leaf_after = streaming_counts(w.leaf(leaf));
+        for subresource in ["exec", "attach", "portforward"] {
+            assert!(
+                counted_since(&root_before, &root_after, subresource, "proxied_to_kubelet") > 0,
+                "root, {leaf}, {subresource}: {root_after:?}"
+            );
+            assert!(
+                counted_since(&leaf_before, &leaf_after, subresource, leaf_proxy_type) > 0,
+                "{leaf}'s apiserver, {subresource}: {leaf_after:?}"
+            );
+        }
+    }
 }

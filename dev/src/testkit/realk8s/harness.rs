@@ -143,6 +143,11 @@ impl Process {
         }
     }
 
+    /// Its process ID (to read its CPU time from `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Panics with the process's output if it has exited.
     pub(super) fn assert_running(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {
@@ -484,8 +489,10 @@ impl ControlPlane {
         plane
     }
 
-    /// Adds a node served by a leafkubelet; waits until it is registered.
-    pub fn add_kubelet(&mut self, node: &str) {
+    /// Adds a node served by a leafkubelet; waits until it is registered. A kubelet that
+    /// `declares_websockets` declares `ExtendWebSocketsToKubelet` and translates WebSocket calls
+    /// itself, as a 1.36+ kubelet does (1.37 builds only).
+    pub fn add_kubelet(&mut self, node: &str, declares_websockets: bool) {
         let serving = self
             .ca
             .issue_server(&["127.0.0.1", "localhost"])
@@ -496,7 +503,7 @@ impl ControlPlane {
         let key = dir.join("kubelet.key");
         std::fs::write(&cert, &serving.cert_pem).expect("kubelet cert");
         std::fs::write(&key, &serving.key_pem).expect("kubelet key");
-        let args = vec![
+        let mut args = vec![
             format!("--kubeconfig={}", self.admin_kubeconfig.display()),
             format!("--node-name={node}"),
             format!("--tls-cert={}", cert.display()),
@@ -504,6 +511,9 @@ impl ControlPlane {
             format!("--client-ca={}", self.dir.join("ca.crt").display()),
             format!("--data-dir={}", dir.join("data").display()),
         ];
+        if declares_websockets {
+            args.push("--declare-websockets".to_string());
+        }
         let mut kubelet = Process::spawn(
             &format!("leafkubelet-{node}"),
             &self.dir,

@@ -12,15 +12,18 @@ use std::process::Stdio;
 
 use relaylet_sim::tools::Kubectl;
 
+use super::harness::ControlPlane;
 use super::world::{self, World};
 use crate::testkit::{PTY_DRIVER, Run, describe, text};
 
 /// The root's count per (subresource, proxy_type).
 pub type StreamingCounts = BTreeMap<(String, String), u64>;
 
-/// Reads the root apiserver's `apiserver_websocket_streaming_requests_total`.
-pub fn streaming_counts(w: &World) -> StreamingCounts {
-    let metrics = w.root.kubectl_ok(&["get", "--raw", "/metrics"]);
+/// Reads an apiserver's `apiserver_websocket_streaming_requests_total` (the root's, or a
+/// leaf's: relaylet re-issues WebSocket calls to the leaf apiserver unchanged, which proxies or
+/// translates them for its own node in turn).
+pub fn streaming_counts(apiserver: &ControlPlane) -> StreamingCounts {
+    let metrics = apiserver.kubectl_ok(&["get", "--raw", "/metrics"]);
     let mut counts = StreamingCounts::new();
     for line in metrics.lines() {
         let Some(rest) = line.strip_prefix("apiserver_websocket_streaming_requests_total{") else {

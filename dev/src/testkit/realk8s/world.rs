@@ -54,6 +54,9 @@ pub struct Setup {
     /// Another address the root apiserver serves on: the host's end of the network namespace
     /// a test runs relaylet in ([`super::netns`]).
     pub root_also_on: Option<IpAddr>,
+    /// Leaves whose kubelet declares `ExtendWebSocketsToKubelet` and translates WebSocket calls
+    /// itself, as a 1.36+ kubelet does (1.37 leaves only).
+    pub declaring_leaves: &'static [&'static str],
 }
 
 impl Default for Setup {
@@ -72,6 +75,7 @@ impl Default for Setup {
             root_version: K8s::V1_35,
             leaf_version: K8s::V1_35,
             root_also_on: None,
+            declaring_leaves: &[],
         }
     }
 }
@@ -163,7 +167,7 @@ impl World {
                     also_serve_on: None,
                 },
             );
-            leaf.add_kubelet(&leaf_node(name));
+            leaf.add_kubelet(&leaf_node(name), setup.declaring_leaves.contains(name));
             connect_leaf(dir.path(), &root, &leaf, name, &[]);
             leaves.insert(name.to_string(), leaf);
         }

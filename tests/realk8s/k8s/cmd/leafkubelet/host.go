@@ -35,6 +35,8 @@ type host struct {
 	client  kubernetes.Interface
 	node    string
 	dataDir string
+	// declared is the Node's status.declaredFeatures (--declare-websockets).
+	declared []string
 
 	mu   sync.Mutex
 	pods map[string]*podRun // by namespace/name
@@ -113,7 +115,8 @@ func (h *host) nodeStatus(port int32) v1.NodeStatus {
 			{Type: v1.NodeInternalIP, Address: "127.0.0.1"},
 			{Type: v1.NodeHostName, Address: h.node},
 		},
-		DaemonEndpoints: v1.NodeDaemonEndpoints{KubeletEndpoint: v1.DaemonEndpoint{Port: port}},
+		DaemonEndpoints:  v1.NodeDaemonEndpoints{KubeletEndpoint: v1.DaemonEndpoint{Port: port}},
+		DeclaredFeatures: h.declared,
 		Conditions: []v1.NodeCondition{
 			condition(v1.NodeReady, v1.ConditionTrue, "KubeletReady"),
 			condition(v1.NodeMemoryPressure, v1.ConditionFalse, "KubeletHasSufficientMemory"),

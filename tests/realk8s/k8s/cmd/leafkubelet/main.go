@@ -38,6 +38,8 @@ func main() {
 	keyFile := flag.String("tls-key", "", "serving key (PEM)")
 	clientCA := flag.String("client-ca", "", "CA that signs the apiserver's kubelet client certificate")
 	dataDir := flag.String("data-dir", "", "where container logs and work directories go")
+	declareWebSockets := flag.Bool("declare-websockets", false,
+		"declare ExtendWebSocketsToKubelet and translate WebSocket calls here, as a 1.36+ kubelet does")
 	flag.Parse()
 	for name, value := range map[string]string{
 		"kubeconfig": *kubeconfig, "node-name": *nodeName, "tls-cert": *certFile,
@@ -64,6 +66,13 @@ func main() {
 	port := listener.Addr().(*net.TCPAddr).Port
 
 	h := newHost(client, *nodeName, *dataDir)
+	handler := h.routes()
+	if *declareWebSockets {
+		handler, h.declared, err = websocketKubelet(handler)
+		if err != nil {
+			log.Fatalf("leafkubelet: %v", err)
+		}
+	}
 	ctx := context.Background()
 	if err := h.registerNode(ctx, int32(port)); err != nil {
 		log.Fatalf("leafkubelet: registering node %s: %v", *nodeName, err)
@@ -76,7 +85,7 @@ func main() {
 		log.Fatalf("leafkubelet: TLS: %v", err)
 	}
 	server := &http.Server{
-		Handler:           h.routes(),
+		Handler:           handler,
 		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: 30 * time.Second,
 	}
