@@ -76,12 +76,19 @@ kubernetes() {
   build "$src/k8s" "$bin" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$version_flags" "${mod[@]}"
   build "$src/k8s" "$bin" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$version_flags" "${mod[@]}"
   build "$src/k8s" "$own" leafkubelet ./cmd/leafkubelet "$version_flags" "${mod[@]}" ${tag:+-tags "$tag"}
-  ln -sf "$own/leafkubelet" "$bin/leafkubelet"
-  ln -sf "$ms/metrics-server" "$bin/metrics-server"
-  ln -sf "$konn/proxy-server" "$bin/proxy-server"
-  ln -sf "$konn/proxy-agent" "$bin/proxy-agent"
+  # The tests' view of this version: links to every binary, in a directory keyed by all of
+  # them, so checkouts with different leafkubelet sources (or pins) never swap each other's.
+  local view
+  view="$cache/view-$version-$(echo "$bin $own $ms $konn" | sha256sum | cut -c1-16)/bin"
+  mkdir -p "$view"
+  local b
+  for b in etcd kube-apiserver kube-controller-manager; do ln -sfn "$bin/$b" "$view/$b"; done
+  ln -sfn "$own/leafkubelet" "$view/leafkubelet"
+  ln -sfn "$ms/metrics-server" "$view/metrics-server"
+  ln -sfn "$konn/proxy-server" "$view/proxy-server"
+  ln -sfn "$konn/proxy-agent" "$view/proxy-agent"
   echo "build-k8s.sh: kubernetes $version, etcd $etcd_version, metrics-server $ms_version" >&2
-  echo "$version $bin"
+  echo "$version $view"
 }
 
 # The Kubernetes network proxy (konnectivity): its proxy server and agent, for the test of

@@ -12,6 +12,7 @@ mod client;
 pub mod fleet;
 mod floor;
 mod hold;
+pub mod kubelet_path;
 mod procfs;
 pub mod reference_relay;
 mod report;
@@ -57,6 +58,9 @@ pub struct Groups {
     pub proxy: bool,
     /// relaylet against a fleet of leaves (`fleet`); only when asked for by name.
     pub fleet: bool,
+    /// CPU per GiB of every process on the path of real Kubernetes 1.37 with and without
+    /// `ExtendWebSocketsToKubelet` declared (`kubelet-path`); only when asked for by name.
+    pub kubelet_path: bool,
 }
 
 impl Groups {
@@ -67,6 +71,7 @@ impl Groups {
         memory: true,
         proxy: true,
         fleet: false,
+        kubelet_path: false,
     };
 
     fn parse(list: &str) -> anyhow::Result<Groups> {
@@ -79,9 +84,10 @@ impl Groups {
                 "memory" => groups.memory = true,
                 "proxy" => groups.proxy = true,
                 "fleet" => groups.fleet = true,
+                "kubelet-path" => groups.kubelet_path = true,
                 other => {
                     anyhow::bail!(
-                        "unknown figure group {other:?} (try bulk, rtt, setup, memory, proxy, fleet)"
+                        "unknown figure group {other:?} (try bulk, rtt, setup, memory, proxy, fleet, kubelet-path)"
                     )
                 }
             }
@@ -90,7 +96,7 @@ impl Groups {
     }
 
     fn any(&self) -> bool {
-        self.data_path() || self.fleet
+        self.data_path() || self.fleet || self.kubelet_path
     }
 
     /// Whether any figure of the data path (the stack of one leaf) is asked for.
@@ -210,12 +216,15 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         sizes.reps
     );
     eprintln!("{header}");
+    if options.only.kubelet_path {
+        run_kubelet_path(options).await?;
+    }
     if options.only.fleet {
         run_fleet(options).await?;
-        if !options.only.data_path() {
-            eprintln!("bench finished in {:.0?}", started.elapsed());
-            return Ok(());
-        }
+    }
+    if !options.only.data_path() {
+        eprintln!("bench finished in {:.0?}", started.elapsed());
+        return Ok(());
     }
     let stack = Stack::start(sizes.log_bytes)
         .await
@@ -237,6 +246,68 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         }
     }
     eprintln!("bench finished in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// The kubelet-path figures (`--only kubelet-path`): a table of CPU s/GiB per process and
+/// throughput, medians of the rounds. Real Kubernetes is blocking test equipment with its own
+/// runtime, so it runs on a thread of its own.
+async fn run_kubelet_path(options: Options) -> anyhow::Result<()> {
+    let (rounds, bytes) = if options.quick || options.smoke {
+        (1, 100_000_000)
+    } else {
+        (3, 400_000_000)
+    };
+    eprintln!(
+        "kubelet-path: {rounds} round(s) of {bytes} B of kubectl exec stdout per combination"
+    );
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(kubelet_path::run(rounds, bytes));
+    });
+    let rows = rx
+        .await
+        .context("the kubelet-path run panicked (its message is above)")??;
+    let yes_no = |b: bool| if b { "declared" } else { "not declared" };
+    if options.json {
+        for r in &rows {
+            for (i, process) in kubelet_path::PROCESSES.iter().enumerate() {
+                let samples: Vec<f64> = r.cpu_per_gib.iter().map(|s| s[i]).collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"relaylet": yes_no(r.relaylet_declares), "leaf_kubelet": yes_no(r.kubelet_declares), "process": process, "cpu_s_per_gib": report::median(&samples), "samples": samples})
+                );
+            }
+            println!(
+                "{}",
+                serde_json::json!({"relaylet": yes_no(r.relaylet_declares), "leaf_kubelet": yes_no(r.kubelet_declares), "throughput_mib_s": report::median(&r.throughput), "samples": r.throughput})
+            );
+        }
+        return Ok(());
+    }
+    println!(
+        "kubelet-path: CPU s per GiB of kubectl 1.35 exec stdout (medians of {rounds}; 1.37 root and leaves)\n"
+    );
+    println!(
+        "| relaylet | leaf kubelet | {} | MiB/s |\n|---|---|{}---:|",
+        kubelet_path::PROCESSES.join(" | "),
+        "---:|".repeat(kubelet_path::PROCESSES.len())
+    );
+    for r in &rows {
+        let cells: Vec<String> = (0..kubelet_path::PROCESSES.len())
+            .map(|i| {
+                let samples: Vec<f64> = r.cpu_per_gib.iter().map(|s| s[i]).collect();
+                report::median(&samples).map_or("-".to_string(), |m| format!("{m:.2}"))
+            })
+            .collect();
+        println!(
+            "| {} | {} | {} | {} |",
+            yes_no(r.relaylet_declares),
+            yes_no(r.kubelet_declares),
+            cells.join(" | "),
+            report::median(&r.throughput).map_or("-".to_string(), |m| format!("{m:.0}"))
+        );
+    }
     Ok(())
 }
 

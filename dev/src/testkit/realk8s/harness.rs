@@ -165,6 +165,15 @@ impl Process {
         }
     }
 
+    /// Stops the process as a rollout does (SIGTERM) and waits for it to exit.
+    pub fn terminate(&mut self) {
+        // SAFETY: kill(2) on our own child, which has not been waited for yet.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+
     /// Stops the process as a crash would (SIGKILL).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -283,6 +283,18 @@ impl World {
         binary: &Path,
         extra: &[(&str, &str)],
     ) -> harness::Process {
+        self.spawn_relaylet_command(i, binary, &[], extra)
+    }
+
+    /// [`spawn_relaylet_process`](Self::spawn_relaylet_process) with `program args` as the
+    /// command (`relaylet-dev serve` runs relaylet too).
+    pub fn spawn_relaylet_command(
+        &self,
+        i: usize,
+        program: &Path,
+        args: &[String],
+        extra: &[(&str, &str)],
+    ) -> harness::Process {
         let kubeconfig = self.dir.path().join(format!("relaylet-{i}.kubeconfig"));
         std::fs::write(&kubeconfig, self.replica_kubeconfig(i)).expect("write kubeconfig");
         let mut env = self.replica_env(i);
@@ -294,8 +306,8 @@ impl World {
         harness::Process::spawn_with_env(
             &format!("relaylet-{i}"),
             self.dir.path(),
-            binary,
-            &[],
+            program,
+            args,
             &env,
         )
     }
