@@ -8,10 +8,55 @@
 //!   `relaylet serve` child, reading `NODE_SERVER_PORT`, which must be 1-65535);
 //! - relaylet's `NODE_SERVER_PORT` in process: it must be 1-65535, and the virtual node's Node
 //!   status names it as the kubelet port until the node's own listener is bound.
+//!
+//! The numbers come from below the kernel's ephemeral range (`ip_local_port_range`, 32768-60999
+//! by default), in turn from a start picked by the process ID: port 0 would hand out a number
+//! from that range, where any outgoing connection on the machine (an apiserver's, kubectl's) can
+//! be given it before its user binds it ("Address already in use" in a loaded CI run).
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The lowest port handed out; the highest is just below the ephemeral range.
+const LOWEST: u16 = 16384;
 
 /// A loopback port no one listens on at the time of the call.
 pub fn free_loopback_port() -> std::io::Result<SocketAddr> {
-    std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let highest = ephemeral_start().saturating_sub(1);
+    if highest <= LOWEST {
+        return TcpListener::bind(("127.0.0.1", 0))?.local_addr();
+    }
+    let span = usize::from(highest - LOWEST) + 1;
+    let start = std::process::id() as usize * 7919 % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = LOWEST + offset as u16;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr();
+        }
+    }
+    TcpListener::bind(("127.0.0.1", 0))?.local_addr()
+}
+
+/// The first port of the kernel's ephemeral range (32768 when it cannot be read).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_come_from_below_the_ephemeral_range_and_differ() {
+        let a = free_loopback_port().unwrap().port();
+        let b = free_loopback_port().unwrap().port();
+        assert!(a >= LOWEST && a < ephemeral_start(), "{a}");
+        assert!(b >= LOWEST && b < ephemeral_start(), "{b}");
+        assert_ne!(a, b);
+    }
 }

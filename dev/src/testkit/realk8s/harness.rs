@@ -13,7 +13,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -93,10 +92,10 @@ pub fn announce(root: K8s, leaves: K8s) {
     );
 }
 
-/// A free loopback port (bind, read, release; the component binds it a moment later).
+/// A free loopback port for a component that binds it a moment later (see
+/// `relaylet_sim::ports` for where the numbers come from).
 pub fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
+    relaylet_sim::ports::free_loopback_port()
         .expect("a free port")
         .port()
 }
