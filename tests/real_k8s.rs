@@ -426,7 +426,6 @@ fn exec_tty_gets_initial_size_and_resize() {
 /// `kubectl attach -i`: stdin reaches the container's main process and its output streams back.
 #[test]
 fn attach_sends_stdin_to_the_main_process_and_streams_its_output() {
-    use std::io::{BufRead, BufReader, Write};
     let w = world();
     for (version, spdy) in VARIANTS {
         let k = kubectl(version);
@@ -435,33 +434,7 @@ fn attach_sends_stdin_to_the_main_process_and_streams_its_output() {
         if spdy {
             run = run.spdy_only();
         }
-        let mut child = run
-            .command()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl attach");
-        let mut stdin = child.stdin.take().expect("stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        // The main process ticks every second: the first tick seen means attach is live, so
-        // the marker sent after it reaches the process.
-        let mut seen = Vec::new();
-        let mut sent = false;
-        for line in stdout.lines().map_while(Result::ok) {
-            if !sent && line.starts_with("tick ") {
-                writeln!(stdin, "{marker}").expect("attach stdin");
-                stdin.flush().expect("flush");
-                sent = true;
-            }
-            let done = line == format!("got {marker}");
-            seen.push(line);
-            if done {
-                break;
-            }
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        let seen = support::attach_round_trip(run, &marker);
         assert!(
             seen.last() == Some(&format!("got {marker}")),
             "kubectl {version} spdy={spdy}: {seen:?}"

@@ -13,7 +13,7 @@ use relaylet_dev::testkit::realk8s::konnectivity::{self, Konnectivity};
 use relaylet_dev::testkit::realk8s::netns::Netns;
 use relaylet_dev::testkit::realk8s::world;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -247,7 +247,16 @@ fn sessions_through_the_proxy_an_honest_cut_and_recovery() {
         assert!(text(&out.stdout).contains("50 132"), "resized: {got}");
         assert_eq!(out.status.code(), Some(5), "{got}");
 
-        assert_eq!(attach_round_trip(&k, kubeconfig, spdy), "got ok", "{what}");
+        let mut attach = Run::new(&k, kubeconfig, &["attach", "-i", "attached"]);
+        if spdy {
+            attach = attach.spdy_only();
+        }
+        let seen = support::attach_round_trip(attach, "ok");
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("got ok"),
+            "{what}: {seen:?}"
+        );
 
         for body in world::port_forward_answers(&k, kubeconfig, "demo", 2) {
             assert!(
@@ -282,32 +291,23 @@ fn sessions_through_the_proxy_an_honest_cut_and_recovery() {
     kubectl_top(n);
 
     // The agent dies under an open session.
-    let mut cmd = Run::new(
-        &k,
-        kubeconfig,
-        &["exec", "-i", "demo", "--", "sh", "-c", "echo ready; cat"],
-    )
-    .command();
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(Stdio::piped());
-    let mut session = cmd.spawn().expect("kubectl exec runs");
-    let _stdin = session.stdin.take();
-    let err_pipe = session.stderr.take().expect("stderr");
-    let err_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = BufReader::new(err_pipe).read_to_string(&mut text);
-        text
-    });
-    let mut out = BufReader::new(session.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    let _ = out.read_line(&mut line);
-    assert_eq!(line, "ready\n");
+    let session = support::Background::spawn(
+        Run::new(
+            &k,
+            kubeconfig,
+            &["exec", "demo", "--", "sh", "-c", "echo ready; sleep 3600"],
+        ),
+        "kubectl exec across the cut",
+    );
+    assert_eq!(session.next_line(HANG).as_deref(), Some("ready"));
     konnectivity(n).kill_agent();
-    let status = support::wait_exit(session, HANG).expect("kubectl exits once the agent is gone");
-    let stderr = err_reader.join().unwrap_or_default();
-    assert!(!status.success(), "a cut session must not exit 0: {stderr}");
-    assert!(stderr.contains("leaf-1"), "{stderr}");
+    let ended = session.finish(HANG);
+    assert_ne!(
+        ended.code,
+        Some(0),
+        "a cut session must not exit 0: {ended:?}"
+    );
+    assert!(ended.stderr.contains("leaf-1"), "{ended:?}");
 
     // Without the agent, a new session fails naming the leaf and the proxy.
     let out = Run::new(&k, kubeconfig, &["exec", "demo", "--", "true"]).output();
@@ -327,40 +327,6 @@ fn sessions_through_the_proxy_an_honest_cut_and_recovery() {
         last = describe(&k, &out);
         out.status.code() == Some(0) && text(&out.stdout) == "back\n"
     });
-}
-
-/// `kubectl attach -i` to `attached`: sends `ok` once the main process's ticks stream, returns
-/// the process's answer line.
-fn attach_round_trip(k: &Kubectl, kubeconfig: &std::path::Path, spdy: bool) -> String {
-    let mut run = Run::new(k, kubeconfig, &["attach", "-i", "attached"]);
-    if spdy {
-        run = run.spdy_only();
-    }
-    let mut child = run
-        .command()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("kubectl attach");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut answer = String::new();
-    let mut sent = false;
-    for line in stdout.lines().map_while(Result::ok) {
-        if !sent && line.starts_with("tick ") {
-            let _ = writeln!(stdin, "ok");
-            let _ = stdin.flush();
-            sent = true;
-        }
-        if line.starts_with("got ") {
-            answer = line;
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    answer
 }
 
 /// `kubectl top pod` and `top node` in the root: the leaf's metrics-server scrapes its kubelet,

@@ -260,6 +260,39 @@ impl Background {
     }
 }
 
+/// `run` is a `kubectl attach -i` to a pod whose main process logs `tick ...` lines and answers
+/// each stdin line with `got <line>`: sends `marker` once the first tick shows the attach is live
+/// (so the process reads it), and returns the lines seen up to the answer (or to the end).
+pub fn attach_round_trip(run: Run<'_>, marker: &str) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = run
+        .command()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl attach");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut seen = Vec::new();
+    let mut sent = false;
+    for line in stdout.lines().map_while(Result::ok) {
+        if !sent && line.starts_with("tick ") {
+            writeln!(stdin, "{marker}").expect("attach stdin");
+            stdin.flush().expect("flush");
+            sent = true;
+        }
+        let done = line == format!("got {marker}");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    seen
+}
+
 /// Waits for `child` to exit, on a thread blocked in `wait` (no polling); after `within` kills
 /// it and returns `None`. The bound only turns a hang into a failure.
 pub fn wait_exit(

@@ -33,7 +33,7 @@ impl ReplicaAddresses {
             let addr = format!("{}/32", addresses.ip(i));
             ip(&["addr", "add", &addr, "dev", "lo", "label", &label]);
             crate::testkit::run_at_exit(Box::new(move || {
-                let _ = Command::new("ip")
+                let _ = Command::new(IP)
                     .args(["addr", "del", &addr, "dev", "lo"])
                     .status();
             }));
@@ -54,22 +54,25 @@ impl ReplicaAddresses {
     }
 }
 
+/// `ip` (iproute2), by absolute path: processes started with a cleared environment use it too.
+pub(super) const IP: &str = "/usr/sbin/ip";
+
 /// Runs `ip args`, panicking with its error (a test that needs the interface cannot go on).
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
+pub(super) fn ip(args: &[&str]) {
+    let out = Command::new(IP)
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("running ip {args:?} (iproute2): {e}"));
     assert!(
         out.status.success(),
-        "ip {args:?} failed (routable replica addresses need root): {}",
+        "ip {args:?} failed (addresses, links and network namespaces need root): {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
 /// Removes loopback addresses labelled `lo:rlt<pid>` whose process is gone.
 fn remove_stale_addresses() {
-    let Ok(out) = Command::new("ip")
+    let Ok(out) = Command::new(IP)
         .args(["-o", "-4", "addr", "show", "dev", "lo"])
         .output()
     else {
@@ -92,7 +95,7 @@ fn remove_stale_addresses() {
             continue;
         };
         if pid.parse::<u32>().is_ok() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = Command::new("ip")
+            let _ = Command::new(IP)
                 .args(["addr", "del", addr, "dev", "lo"])
                 .status();
         }

@@ -9,8 +9,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::process::Command;
 
-/// `ip`, by absolute path: processes started in the namespace get a cleared environment.
-const IP: &str = "/usr/sbin/ip";
+use super::addresses::{IP, ip};
 
 /// A namespace and its veth pair.
 pub struct Netns {
@@ -85,19 +84,6 @@ impl Netns {
             .output()
             .is_ok_and(|o| o.status.success())
     }
-}
-
-/// Runs `ip args`, panicking with its error (a test that needs the namespace cannot go on).
-fn ip(args: &[&str]) {
-    let out = Command::new(IP)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running ip {args:?} (iproute2): {e}"));
-    assert!(
-        out.status.success(),
-        "ip {args:?} failed (a network namespace needs root): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Removes namespaces `rlt<pid>` whose process is gone.

@@ -112,34 +112,9 @@ pub fn exec_tty_with_resize(w: &World, k: &Kubectl, pod: &str) {
 }
 
 pub fn attach_with_stdin(w: &World, k: &Kubectl, pod: &str) {
-    use std::io::{BufRead, BufReader, Write};
     let marker = format!("attach-websocket-{}", std::process::id());
-    let mut child = Run::new(k, w.root_kubeconfig(), &["attach", "-i", pod])
-        .command()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl attach");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    // The first tick seen means attach is live, so the marker sent after it reaches the process.
-    let mut seen = Vec::new();
-    let mut sent = false;
-    for line in stdout.lines().map_while(Result::ok) {
-        if !sent && line.starts_with("tick ") {
-            writeln!(stdin, "{marker}").expect("attach stdin");
-            stdin.flush().expect("flush");
-            sent = true;
-        }
-        let done = line == format!("got {marker}");
-        seen.push(line);
-        if done {
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let run = Run::new(k, w.root_kubeconfig(), &["attach", "-i", pod]);
+    let seen = crate::testkit::attach_round_trip(run, &marker);
     assert!(
         seen.last() == Some(&format!("got {marker}")),
         "kubectl {} attach: {seen:?}",
