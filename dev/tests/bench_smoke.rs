@@ -19,8 +19,13 @@ const FIGURES: [&str; 11] = [
     "after_close_fd_growth",
 ];
 
+/// One benchmark at a time: each loads the two cores, and their waits are for events, not
+/// for each other.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn bench_smoke_prints_every_figure_as_json() {
+    let _turn = TURN.lock().await;
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet-dev"))
         .args(["bench", "--smoke", "--json"])
         .stdin(Stdio::null())
@@ -109,6 +114,7 @@ async fn bench_smoke_prints_every_figure_as_json() {
 /// the even share), and the target lines after.
 #[tokio::test]
 async fn fleet_smoke_prints_every_fleet_figure() {
+    let _turn = TURN.lock().await;
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet-dev"))
         .args(["bench", "--smoke", "--json", "--only", "fleet"])
         .stdin(Stdio::null())
@@ -149,4 +155,62 @@ async fn fleet_smoke_prints_every_fleet_figure() {
         stdout.contains("fleet_memory_per_leaf_pod <= 1024 B:"),
         "{stdout}"
     );
+}
+
+/// `bench --only kubelet-path` on real Kubernetes 1.37 (the components of
+/// `tests/tools/build-k8s.sh`): one JSON object per combination of relaylet and the leaf kubelet
+/// declaring `ExtendWebSocketsToKubelet` and per process on the path, each with a positive CPU
+/// cost, and a positive throughput per combination.
+#[tokio::test]
+async fn bench_smoke_measures_the_kubelet_path_on_real_kubernetes() {
+    let _turn = TURN.lock().await;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet-dev"))
+        .args(["bench", "--smoke", "--json", "--only", "kubelet-path"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start relaylet-dev bench");
+    let output = tokio::time::timeout(Duration::from_secs(600), child.wait_with_output())
+        .await
+        .expect("bench finished in time")
+        .expect("bench output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed: {stderr}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
+        .collect();
+    for relaylet in ["declared", "not declared"] {
+        for kubelet in ["declared", "not declared"] {
+            let of =
+                |r: &&serde_json::Value| r["relaylet"] == relaylet && r["leaf_kubelet"] == kubelet;
+            for process in [
+                "root apiserver",
+                "relaylet",
+                "leaf apiserver",
+                "leaf kubelet",
+                "kubectl",
+            ] {
+                let row = rows
+                    .iter()
+                    .filter(of)
+                    .find(|r| r["process"] == process)
+                    .unwrap_or_else(|| {
+                        panic!("no {process} row for {relaylet}/{kubelet}: {rows:?}")
+                    });
+                assert!(row["cpu_s_per_gib"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+            }
+            let throughput = rows
+                .iter()
+                .filter(of)
+                .find(|r| r.get("throughput_mib_s").is_some())
+                .unwrap_or_else(|| panic!("no throughput for {relaylet}/{kubelet}: {rows:?}"));
+            assert!(
+                throughput["throughput_mib_s"].as_f64().unwrap_or(0.0) > 0.0,
+                "{throughput}"
+            );
+        }
+    }
 }
