@@ -44,6 +44,9 @@ pub struct Metrics {
     pub root_reachable: Gauge,
     /// Failed writes of virtual Nodes (`kind="node"`) and their Leases (`kind="lease"`).
     pub node_write_errors: Family<OneLabel, Counter>,
+    /// Writes of a held virtual Node that found it changed since this replica last read or
+    /// wrote it (409 on its resourceVersion): not errors, the Node is read again.
+    pub node_write_conflicts: Counter,
     /// 1 while this replica is the elected leader.
     pub leader: Gauge,
     /// Authentication and authorization outcomes on the kubelet port, by `decision`
@@ -131,6 +134,12 @@ impl Metrics {
             "node_write_errors",
             "Failed writes of virtual Nodes (kind=node) and their Leases (kind=lease)",
             node_write_errors.clone(),
+        );
+        let node_write_conflicts = Counter::default();
+        registry.register(
+            "node_write_conflicts",
+            "Writes of a held virtual Node refused because the Node changed since this replica last read or wrote it (409 on its resourceVersion); the Node is read again and the write retried",
+            node_write_conflicts.clone(),
         );
         let leader = Gauge::default();
         registry.register(
@@ -226,6 +235,7 @@ impl Metrics {
             leaf_reachable,
             root_reachable,
             node_write_errors,
+            node_write_conflicts,
             leader,
             auth_decisions,
             leaf_connections,
@@ -295,6 +305,11 @@ impl Metrics {
         self.node_write_errors
             .get_or_create(&[("kind", kind.to_string())])
             .inc();
+    }
+
+    /// Counts one write of a held virtual Node that found it changed (a 409).
+    pub fn node_write_conflict(&self) {
+        self.node_write_conflicts.inc();
     }
 
     /// The exposition text of every metric.

@@ -442,6 +442,53 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
         let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
         assert_eq!(addresses.len(), 3, "{addresses:?}");
 
+        // Someone else writes the Node (an annotation, which relaylet neither owns nor puts
+        // back), so relaylet's next status write carries a resourceVersion that is no longer
+        // the Node's: the root refuses it (409), relaylet reads the Node again and writes. The
+        // capacity still follows the leaf, the annotation stays, and no write counts as failed.
+        let mut edited = node_of(&store).expect("the Node");
+        edited
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("example.com/edited-by".into(), "hand".into());
+        store.update_typed(&edited).expect("someone else's write");
+        leaf.api
+            .store()
+            .create_typed(&leaf_local_pod("local-2", "a", "500m", "1Gi"))
+            .expect("leaf pod");
+        let node = wait_for("capacity minus both pods", || {
+            node_of(&store).filter(|n| allocatable(n, "cpu").as_deref() == Some("5"))
+        })
+        .await;
+        assert_eq!(
+            node.metadata
+                .annotations
+                .unwrap_or_default()
+                .get("example.com/edited-by")
+                .map(String::as_str),
+            Some("hand")
+        );
+        let scrape = relaylet_dev::testkit::metrics::parse(
+            &replica.running.metrics.encode().expect("metrics"),
+        );
+        assert!(
+            relaylet_dev::testkit::metrics::sum(
+                &scrape,
+                "relaylet_node_write_conflicts_total",
+                &[]
+            ) >= 1.0,
+            "the stale write was refused and counted"
+        );
+        assert_eq!(
+            relaylet_dev::testkit::metrics::sum(
+                &scrape,
+                "relaylet_node_write_errors_total",
+                &[("kind", "node")]
+            ),
+            0.0
+        );
+
         // The Ready message counts Ready leaf nodes; it catches up at the next health probe.
         wait_for("probe sees both nodes", || {
             node_of(&store).filter(|n| {

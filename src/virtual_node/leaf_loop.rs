@@ -152,6 +152,7 @@ impl Controller {
                     // Someone wrote the Node since this replica last did (a label, a taint,
                     // another replica's claim): read it again now and look who holds it.
                     tracing::debug!(node = %leaf.node_name, "virtual node changed since last written: reading it again");
+                    self.metrics.node_write_conflict();
                     state.node_uid = None;
                     state.node_version = None;
                     tick.reset_immediately();
