@@ -573,6 +573,61 @@ async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_it
     .expect("test timed out");
 }
 
+/// A replica that crashed and comes back under its old name (a StatefulSet pod, a restarted
+/// container) while another replica joins: the Node it wrote before the crash is assigned to the
+/// other one, which may not take it while the restarted replica's presence Lease is fresh, so
+/// the restarted one must give it up. Which of its two ways does it depends on timing (holding
+/// it again in its first rounds, when it sees no peer renewing yet, then handing it over; or
+/// handing back a Node that names it without this process ever holding it, `names_me`); this
+/// test asserts the outcome, not the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_replica_restarted_under_its_name_gives_up_the_node_assigned_elsewhere() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let root = root_cluster(None).await;
+        let leaf = leaf_with_node().await;
+        let store = root.api.store().clone();
+        // Which of the two names the node is assigned to with both alive: that one is the
+        // other replica, the one it is not assigned to is restarted.
+        let assignment = relaylet::virtual_node::assignment::Assignment::compute(
+            [NODE],
+            ["relaylet-0", "relaylet-1"],
+        );
+        let other = assignment.replica_of(NODE).expect("assigned").to_string();
+        let restarted = if other == "relaylet-0" {
+            "relaylet-1"
+        } else {
+            "relaylet-0"
+        };
+        let port = free_port();
+
+        // The restarted replica's first incarnation, alone, writes the Node; then it dies.
+        let first = Replica::start(&root, restarted, "127.0.0.2", port, &[]).await;
+        store.create_typed(&leaf_secret(&leaf)).expect("secret");
+        wait_for("the first incarnation writes the Node", || {
+            node_of(&store).filter(|n| is_ready(n) && served_by(n) == restarted)
+        })
+        .await;
+        first.crash();
+
+        // The other replica joins while the dead one's presence Lease is still fresh: it is
+        // assigned the Node but must wait for its holder to hand it over. The restarted one
+        // comes back under the same name at once.
+        let _other = Replica::start(&root, &other, "127.0.0.3", port, &[]).await;
+        let _again = Replica::start(&root, restarted, "127.0.0.2", port, &[]).await;
+        // The claim (the annotation) is written before the status with the new address.
+        let node = wait_for("the Node moves to the replica it is assigned", || {
+            node_of(&store).filter(|n| {
+                served_by(n) == other
+                    && first_address(n).map(|a| a.1).as_deref() == Some("127.0.0.3")
+            })
+        })
+        .await;
+        assert!(is_ready(&node));
+    })
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaf_outage_makes_the_node_not_ready_until_it_returns_and_shutdown_stops_writes() {
     tokio::time::timeout(Duration::from_secs(110), async {
