@@ -72,15 +72,7 @@ async fn get<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     conn: &mut S,
     path: &str,
 ) -> String {
-    answer(conn, path).await.0
-}
-
-/// Sends a keep-alive GET of `path`; the status line and the body.
-async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    conn: &mut S,
-    path: &str,
-) -> (String, String) {
-    support::raw_http::get(conn, path).await
+    support::raw_http::get(conn, path).await.0
 }
 
 /// The `(code, reason, message)` of a Status body.
@@ -145,7 +137,7 @@ async fn strangers_until_refused(e: &Env, from: &str) -> (Vec<TlsStream<TcpStrea
     let mut held = Vec::new();
     loop {
         let mut tls = tls_from(e, from, None).await;
-        let (line, body) = answer(&mut tls, "/healthz").await;
+        let (line, body) = support::raw_http::get(&mut tls, "/healthz").await;
         if line == "HTTP/1.1 503 Service Unavailable" {
             let (code, reason, message) = status_of(&body);
             assert_eq!((code, reason.as_str()), (503, "ServiceUnavailable"));
@@ -198,7 +190,7 @@ fn unauthenticated_connections_have_a_small_budget_of_their_own() {
         drop(first);
         let mut tls = loop {
             let mut tls = tls_from(e, "127.0.0.4", None).await;
-            let (line, _) = answer(&mut tls, "/healthz").await;
+            let (line, _) = support::raw_http::get(&mut tls, "/healthz").await;
             if line == "HTTP/1.1 401 Unauthorized" {
                 break tls;
             }

@@ -164,44 +164,7 @@ fn exec_stdin_reaches_the_process_and_eof_ends_it() {
 fn exec_tty_gets_initial_size_and_resize() {
     let e = env(settings);
     for (k, spdy) in kubectl_variants() {
-        let mut cmd = std::process::Command::new("python3");
-        cmd.args([
-            "-c",
-            support::PTY_DRIVER,
-            k.path.to_str().unwrap(),
-            "exec",
-            "-it",
-            "demo-1",
-            "--",
-            "sh",
-            "-c",
-            "stty size; read x; stty size; exit 5",
-        ])
-        .env("KUBECONFIG", &e.kubeconfig)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        if spdy {
-            cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
-        }
-        let out = cmd.output().expect("python3 pty driver runs");
-        let got = text(&out.stdout);
-        assert!(
-            got.contains("40 100"),
-            "initial size: kubectl {} spdy={spdy}: {got:?} {}",
-            k.version,
-            text(&out.stderr)
-        );
-        assert!(
-            got.contains("50 132"),
-            "resized: kubectl {} spdy={spdy}: {got:?}",
-            k.version
-        );
-        assert_eq!(
-            out.status.code(),
-            Some(5),
-            "kubectl {} spdy={spdy}: {got:?}",
-            k.version
-        );
+        support::assert_tty_size_and_resize(&k, &e.kubeconfig, "demo-1", spdy);
     }
 }
 

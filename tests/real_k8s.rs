@@ -399,27 +399,7 @@ fn the_node_proxy_reaches_only_the_nodes_own_pods() {
 fn exec_tty_gets_initial_size_and_resize() {
     let w = world();
     for (version, spdy) in VARIANTS {
-        let k = kubectl(version);
-        let mut cmd = std::process::Command::new("python3");
-        cmd.args(["-c", support::PTY_DRIVER])
-            .arg(&k.path)
-            .args(["exec", "-it", "demo", "--", "sh", "-c"])
-            .arg("stty size; read x; stty size; exit 5")
-            .env("KUBECONFIG", w.root_kubeconfig())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if spdy {
-            cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
-        }
-        let out = cmd.output().expect("python3 pty driver runs");
-        let got = text(&out.stdout);
-        let what = format!(
-            "kubectl {version} spdy={spdy}: {got:?} {}",
-            text(&out.stderr)
-        );
-        assert!(got.contains("40 100"), "initial size: {what}");
-        assert!(got.contains("50 132"), "resized: {what}");
-        assert_eq!(out.status.code(), Some(5), "{what}");
+        support::assert_tty_size_and_resize(&kubectl(version), w.root_kubeconfig(), "demo", spdy);
     }
 }
 

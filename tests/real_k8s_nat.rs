@@ -104,21 +104,6 @@ fn port_of(url: &str) -> u16 {
         .unwrap_or_else(|| panic!("no port in {url}"))
 }
 
-/// A whole-number quantity ("8Gi", "8589934592", "110"), for comparing two spellings.
-fn quantity(q: &str) -> Option<u64> {
-    let split = q.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(q.len());
-    let n: u64 = q[..split].parse().ok()?;
-    let shift = match &q[split..] {
-        "" => 0,
-        "Ki" => 10,
-        "Mi" => 20,
-        "Gi" => 30,
-        "Ti" => 40,
-        _ => return None,
-    };
-    Some(n << shift)
-}
-
 /// The Ready condition of `node` in the root: status, reason, message.
 fn ready_condition(w: &World, node: &str) -> (String, String, String) {
     let node: serde_json::Value =
@@ -190,11 +175,12 @@ fn the_proxied_leafs_node_is_ready_with_its_capacity() {
             &virtual_node["status"]["capacity"][resource],
             &leaf_node["status"]["allocatable"][resource],
         );
-        assert_eq!(
-            quantity(got.as_str().unwrap_or_default()),
-            quantity(want.as_str().unwrap_or_default()),
-            "{resource}: {got} vs {want}"
-        );
+        // Two spellings of one quantity ("8Gi", "8589934592") compare by value.
+        let value = |q: &serde_json::Value| {
+            relaylet::quantity::Milli::parse(q.as_str().unwrap_or_default())
+                .unwrap_or_else(|err| panic!("{resource}: {q} is not a quantity: {err}"))
+        };
+        assert_eq!(value(got), value(want), "{resource}: {got} vs {want}");
     }
     assert_eq!(
         virtual_node["status"]["addresses"][0]["address"],
@@ -230,22 +216,7 @@ fn sessions_through_the_proxy_an_honest_cut_and_recovery() {
         assert_eq!(out.status.code(), Some(3), "{what}: {}", describe(&k, &out));
         assert_eq!(text(&out.stdout), "through the tunnel\n", "{what}");
 
-        let mut cmd = std::process::Command::new("python3");
-        cmd.args(["-c", support::PTY_DRIVER])
-            .arg(&k.path)
-            .args(["exec", "-it", "demo", "--", "sh", "-c"])
-            .arg("stty size; read x; stty size; exit 5")
-            .env("KUBECONFIG", kubeconfig)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if spdy {
-            cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
-        }
-        let out = cmd.output().expect("python3 pty driver runs");
-        let got = format!("{what}: {:?} {}", text(&out.stdout), text(&out.stderr));
-        assert!(text(&out.stdout).contains("40 100"), "initial size: {got}");
-        assert!(text(&out.stdout).contains("50 132"), "resized: {got}");
-        assert_eq!(out.status.code(), Some(5), "{got}");
+        support::assert_tty_size_and_resize(&k, kubeconfig, "demo", spdy);
 
         let mut attach = Run::new(&k, kubeconfig, &["attach", "-i", "attached"]);
         if spdy {

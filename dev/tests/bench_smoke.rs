@@ -23,25 +23,32 @@ const FIGURES: [&str; 11] = [
 /// for each other.
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-#[tokio::test]
-async fn bench_smoke_prints_every_figure_as_json() {
+/// Runs `relaylet-dev bench args` in its turn; its stdout and stderr. Fails if it fails, and
+/// after `within` (which only turns a hang into a failure).
+async fn bench(args: &[&str], within: Duration) -> (String, String) {
     let _turn = TURN.lock().await;
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet-dev"))
-        .args(["bench", "--smoke", "--json"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("start relaylet-dev bench");
-    let output = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+    let output = tokio::time::timeout(within, child.wait_with_output())
         .await
         .expect("bench finished in time")
         .expect("bench output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "bench failed: {stderr}");
+    (String::from_utf8_lossy(&output.stdout).into_owned(), stderr)
+}
+
+#[tokio::test]
+async fn bench_smoke_prints_every_figure_as_json() {
+    let (stdout, stderr) = bench(&["bench", "--smoke", "--json"], Duration::from_secs(240)).await;
     assert!(stderr.contains("cores"), "no core count in {stderr}");
-    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+    let rows: Vec<serde_json::Value> = stdout
         .lines()
         .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
         .collect();
@@ -114,22 +121,11 @@ async fn bench_smoke_prints_every_figure_as_json() {
 /// the even share), and the target lines after.
 #[tokio::test]
 async fn fleet_smoke_prints_every_fleet_figure() {
-    let _turn = TURN.lock().await;
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet-dev"))
-        .args(["bench", "--smoke", "--json", "--only", "fleet"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start relaylet-dev bench");
-    let output = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-        .await
-        .expect("bench finished in time")
-        .expect("bench output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "bench failed: {stderr}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (stdout, _) = bench(
+        &["bench", "--smoke", "--json", "--only", "fleet"],
+        Duration::from_secs(240),
+    )
+    .await;
     let rows: Vec<serde_json::Value> = stdout
         .lines()
         .filter(|line| line.starts_with('{'))
@@ -163,22 +159,12 @@ async fn fleet_smoke_prints_every_fleet_figure() {
 /// cost, and a positive throughput per combination.
 #[tokio::test]
 async fn bench_smoke_measures_the_kubelet_path_on_real_kubernetes() {
-    let _turn = TURN.lock().await;
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relaylet-dev"))
-        .args(["bench", "--smoke", "--json", "--only", "kubelet-path"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start relaylet-dev bench");
-    let output = tokio::time::timeout(Duration::from_secs(600), child.wait_with_output())
-        .await
-        .expect("bench finished in time")
-        .expect("bench output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "bench failed: {stderr}");
-    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+    let (stdout, _) = bench(
+        &["bench", "--smoke", "--json", "--only", "kubelet-path"],
+        Duration::from_secs(600),
+    )
+    .await;
+    let rows: Vec<serde_json::Value> = stdout
         .lines()
         .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
         .collect();

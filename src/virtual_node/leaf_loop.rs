@@ -2,6 +2,7 @@
 //! writes the Node (when it changed, and as a heartbeat) and renews its Lease; a watch of the
 //! Node puts it back at once when someone else deletes or alters it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -204,7 +205,10 @@ impl Controller {
             };
             state.node_uid = node.metadata.uid.clone();
             let kept = self.keep_labels_and_taints(leaf, &held, &info).await?;
-            state.node_version = kept.unwrap_or(held).metadata.resource_version;
+            state.node_version = match kept {
+                Some(written) => written.metadata.resource_version,
+                None => held.metadata.resource_version.clone(),
+            };
         }
         let previous_conditions = existing
             .as_ref()
@@ -252,22 +256,22 @@ impl Controller {
             if !self.assigned(&leaf.node_name) {
                 return Ok(());
             }
-            let changed = || SyncError::Changed {
-                node: leaf.node_name.clone(),
-            };
-            let version = state.node_version.clone().ok_or_else(changed)?;
+            let version = state
+                .node_version
+                .clone()
+                .ok_or_else(|| SyncError::Changed {
+                    node: leaf.node_name.clone(),
+                })?;
             let patch = json!({ "metadata": { "resourceVersion": version }, "status": status });
-            let written = match nodes
+            let written = nodes
                 .patch_status(&leaf.node_name, &patch_params(), &Patch::Merge(patch))
                 .await
-            {
-                Ok(written) => written,
-                Err(kube::Error::Api(e)) if e.code == 409 => return Err(changed()),
-                Err(e) => {
-                    self.metrics.node_write_error("node");
-                    return Err(e.into());
-                }
-            };
+                .map_err(|err| SyncError::of_guarded_write(&leaf.node_name, err))
+                .inspect_err(|err| {
+                    if let SyncError::Api(_) = err {
+                        self.metrics.node_write_error("node");
+                    }
+                })?;
             tracing::debug!(node = %leaf.node_name, "node status written");
             state.node_version = written.metadata.resource_version;
             state.written = Some((status, Instant::now()));
@@ -289,11 +293,15 @@ impl Controller {
 
     /// Makes this replica `node`'s writer if it may be (`served_by::may_take`); the Node as
     /// this replica holds it, or `None` when it does not.
-    async fn take(&self, node: &Node, state: &mut LeafLoop) -> Result<Option<Node>, SyncError> {
+    async fn take<'n>(
+        &self,
+        node: &'n Node,
+        state: &mut LeafLoop,
+    ) -> Result<Option<Cow<'n, Node>>, SyncError> {
         let me = &*self.replicas.me;
         let holder = served_by::served_by(node);
         let held = if holder == me {
-            node.clone()
+            Cow::Borrowed(node)
         } else {
             if state.held {
                 tracing::info!(node = ?node.metadata.name, by = %holder, "another replica took the virtual node");
@@ -312,7 +320,7 @@ impl Controller {
             // waits for that before it stops accepting.
             state.written = None;
             state.lease_renewed = None;
-            taken
+            Cow::Owned(taken)
         };
         if !state.held {
             state.held = true;

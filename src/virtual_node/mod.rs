@@ -100,6 +100,19 @@ enum SyncError {
     Changed { node: String },
 }
 
+impl SyncError {
+    /// What a failed write of Node `node` that carried its resourceVersion means: a 409 is the
+    /// Node changed since it was read ([`SyncError::Changed`]), anything else the API's error.
+    fn of_guarded_write(node: &str, err: kube::Error) -> SyncError {
+        match err {
+            kube::Error::Api(e) if e.code == 409 => SyncError::Changed {
+                node: node.to_string(),
+            },
+            err => SyncError::Api(err),
+        }
+    }
+}
+
 impl Controller {
     fn ownership(&self, node: &Node) -> Ownership {
         crate::node_ownership::ownership(node, &self.owner)
@@ -411,16 +424,11 @@ impl Controller {
             return Ok(None);
         }
         let nodes: Api<Node> = Api::all(self.root.clone());
-        match nodes
+        nodes
             .patch(&leaf.node_name, &patch_params(), &Patch::Merge(patch))
             .await
-        {
-            Ok(written) => Ok(Some(written)),
-            Err(kube::Error::Api(e)) if e.code == 409 => Err(SyncError::Changed {
-                node: leaf.node_name.clone(),
-            }),
-            Err(e) => Err(e.into()),
-        }
+            .map(Some)
+            .map_err(|err| SyncError::of_guarded_write(&leaf.node_name, err))
     }
 }
 

@@ -438,6 +438,33 @@ pub fn describe(k: &Kubectl, out: &Output) -> String {
     )
 }
 
+/// `kubectl exec -it <pod> -- sh -c "stty size; read x; stty size; exit 5"` under
+/// [`PTY_DRIVER`] with `kubeconfig` (WebSockets off when `spdy`): asserts the remote tty saw the
+/// initial size 40x100, then the resize to 50x132, and the exit code 5.
+pub fn assert_tty_size_and_resize(k: &Kubectl, kubeconfig: &Path, pod: &str, spdy: bool) {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-c", PTY_DRIVER])
+        .arg(&k.path)
+        .args(["exec", "-it", pod, "--", "sh", "-c"])
+        .arg("stty size; read x; stty size; exit 5")
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if spdy {
+        cmd.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
+    }
+    let out = cmd.output().expect("python3 pty driver runs");
+    let got = text(&out.stdout);
+    let what = format!(
+        "kubectl {} spdy={spdy}: {got:?} {}",
+        k.version,
+        text(&out.stderr)
+    );
+    assert!(got.contains("40 100"), "initial size: {what}");
+    assert!(got.contains("50 132"), "resized: {what}");
+    assert_eq!(out.status.code(), Some(5), "{what}");
+}
+
 /// Runs the program in its arguments under a real PTY (python's pty module) sized 40x100; once
 /// the program prints "40 100" the PTY is resized to 50x132 and "go" is typed. Prints what the
 /// program printed and exits with its exit code. Proves a tty's initial size and a resize.

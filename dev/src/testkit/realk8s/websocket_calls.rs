@@ -8,13 +8,12 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 
 use relaylet_sim::tools::Kubectl;
 
 use super::harness::ControlPlane;
 use super::world::{self, World};
-use crate::testkit::{PTY_DRIVER, Run, describe, text};
+use crate::testkit::{Run, describe, text};
 
 /// The root's count per (subresource, proxy_type).
 pub type StreamingCounts = BTreeMap<(String, String), u64>;
@@ -94,21 +93,7 @@ pub fn exec_with_stdin_stderr_and_exit_code(w: &World, k: &Kubectl, pod: &str) {
 }
 
 pub fn exec_tty_with_resize(w: &World, k: &Kubectl, pod: &str) {
-    let out = std::process::Command::new("python3")
-        .args(["-c", PTY_DRIVER])
-        .arg(&k.path)
-        .args(["exec", "-it", pod, "--", "sh", "-c"])
-        .arg("stty size; read x; stty size; exit 5")
-        .env("KUBECONFIG", w.root_kubeconfig())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("python3 pty driver runs");
-    let got = text(&out.stdout);
-    let what = format!("kubectl {}: {got:?} {}", k.version, text(&out.stderr));
-    assert!(got.contains("40 100"), "initial size: {what}");
-    assert!(got.contains("50 132"), "resized: {what}");
-    assert_eq!(out.status.code(), Some(5), "{what}");
+    crate::testkit::assert_tty_size_and_resize(k, w.root_kubeconfig(), pod, false);
 }
 
 pub fn attach_with_stdin(w: &World, k: &Kubectl, pod: &str) {
