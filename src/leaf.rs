@@ -6,9 +6,10 @@
 //! credentials only (`leaf_kubeconfig`), its names may not take over another leaf's or a Node
 //! this install does not own (`leaf_names`), and a refused Secret registers nothing and says
 //! why (`leaf_secret_refusal`). Each leaf gets two kube clients built from the same kubeconfig,
-//! so both carry its TLS settings and credentials: one for ordinary API calls, and one for relayed streams, which has no read or write
-//! timeout (an interactive shell may be quiet for hours; relaylet enforces its own idle timeout)
-//! and no retries (a retried exec would run a command twice).
+//! so both carry its TLS settings and credentials: one for ordinary API calls (`api_client`),
+//! and one for relayed streams, which has no read or write timeout (an interactive shell may be
+//! quiet for hours; relaylet enforces its own idle timeout) and no retries (a retried exec would
+//! run a command twice).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,37 +30,6 @@ use crate::leaf_proxy::{LeafProxy, ProxySetupError, ProxyTls};
 use crate::leaf_secret_refusal::{Refusal, Reporter};
 use crate::metrics::Metrics;
 use crate::warm_connector::{Sources, WarmConnector};
-
-/// The client for ordinary API calls: kube's own stack (`Client::try_from`: connect, read and
-/// write timeouts, retries of server errors, auth, headers) on the leaf's dialer, so that it
-/// goes through the leaf's proxy. kube's own proxy support is not used: it would take
-/// `HTTPS_PROXY` from relaylet's environment for a kubeconfig without `proxy-url`.
-fn api_client(config: &kube::Config, dialer: LeafDialer) -> Result<Client, kube::Error> {
-    use kube::client::ConfigExt;
-    let mut https =
-        hyper_timeout::TimeoutConnector::new(config.rustls_https_connector_with_connector(dialer)?);
-    https.set_connect_timeout(config.connect_timeout);
-    https.set_read_timeout(config.read_timeout);
-    https.set_write_timeout(config.write_timeout);
-    https.set_reset_reader_on_write(config.reset_reader_on_write);
-    // The read buffer stays at most one TLS record (16 KiB): hyper's default lets it grow to
-    // ~400 KiB under a burst of watch events and keeps it, per leaf connection (`relaylet-dev
-    // bench --only fleet`: with 30 leaves, 1.2-2.4 KiB of RSS per leaf pod instead of ~0.9).
-    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .http1_max_buf_size(16 * 1024)
-        .build::<_, kube::client::Body>(https);
-    let retry = config
-        .default_retry
-        .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(retry)
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .map_err(tower::BoxError::from)
-        .service(hyper);
-    Ok(Client::new(service, config.default_namespace.clone()))
-}
 
 /// The client for relayed streams: the same TLS settings, credentials and headers as the API
 /// client, on the same dialer (`TCP_NODELAY`, read-ahead, the leaf's proxy), without timeouts or
@@ -236,7 +206,7 @@ impl Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
             proxy: dialer.proxy().map(|p| p.url.to_string()),
-            client: api_client(&config, dialer.clone()).map_err(client_err)?,
+            client: crate::api_client::build(&config, dialer.clone()).map_err(client_err)?,
             stream_client: stream_client(
                 &stream_config,
                 dialer,

@@ -5,6 +5,7 @@
 //! call to that cluster's apiserver, splicing the streams. The parts are mapped in
 //! docs/development.md, "The parts".
 
+pub mod api_client;
 pub mod auth;
 pub mod client_ca;
 pub mod config;
@@ -86,9 +87,7 @@ pub struct Running {
 pub async fn serve() -> anyhow::Result<()> {
     let config = Config::from_env()?;
     telemetry::init(config.log_format);
-    let root = kube::Client::try_default().await.map_err(|e| {
-        anyhow::anyhow!("connecting to the root cluster (KUBECONFIG or in-cluster): {e}")
-    })?;
+    let root = api_client::root().await?;
     let shutdown = Shutdown::default();
     shutdown.on_signals(config.shutdown_grace_period);
     let running = start(config, root, shutdown).await?;

@@ -8,9 +8,11 @@
 //! - relaylet's memory per leaf (RSS with the fleet registered, over RSS before any Secret);
 //! - its memory per leaf pod: 10,000 leaf-local pods (each with a 4 KiB annotation and a CPU
 //!   request) are created across the leaves; once every virtual Node's allocatable shows them
-//!   (relaylet has seen them all), RSS over the fleet's; and its RSS after they are deleted;
+//!   (relaylet has seen them all), RSS over its RSS just before they were created (after the
+//!   idle window); and its RSS after they are deleted, over that same start;
 //! - CPU seconds per idle leaf per hour, and the root apiserver writes per leaf per minute
-//!   (Node status and node Lease) over an idle window, beside a kubelet's defaults;
+//!   (Node status and node Lease) over an idle window, beside a kubelet's defaults, and what
+//!   that first idle window adds to RSS;
 //! - with three replicas (each its own process and address): the share of sessions each
 //!   served, `kubectl exec`-like calls to every node through the root apiserver.
 
@@ -169,6 +171,14 @@ pub async fn run(size: Size) -> anyhow::Result<Vec<FleetFigure>> {
         presence_writes as f64 / minutes,
         "writes",
     );
+    // The pods' figures start from here, not from before the idle window: what the idle
+    // minute itself adds is its own figure.
+    let rss_start = procfs::rss_kib(one.pid)?;
+    figure(
+        "fleet_idle_rss_growth_per_minute",
+        rss_start.saturating_sub(rss_fleet) as f64 / minutes,
+        "KiB",
+    );
 
     // Leaf pods: memory per pod, and back after they go.
     let cpu_before_pods = fleet.allocatable_cpu_millis();
@@ -193,7 +203,7 @@ pub async fn run(size: Size) -> anyhow::Result<Vec<FleetFigure>> {
     let rss_pods = procfs::rss_kib(one.pid)?;
     figure(
         "fleet_memory_per_leaf_pod",
-        rss_pods.saturating_sub(rss_fleet) as f64 * 1024.0 / (per_leaf * size.leaves) as f64,
+        rss_pods.saturating_sub(rss_start) as f64 * 1024.0 / (per_leaf * size.leaves) as f64,
         "B",
     );
     fleet.delete_bulk_pods()?;
@@ -212,7 +222,7 @@ pub async fn run(size: Size) -> anyhow::Result<Vec<FleetFigure>> {
     let rss_after = procfs::rss_kib(one.pid)?;
     figure(
         "fleet_rss_after_pods_deleted_vs_before",
-        rss_after as f64 / rss_fleet as f64,
+        rss_after as f64 / rss_start as f64,
         "x",
     );
     one.stop().await;
