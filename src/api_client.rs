@@ -1,6 +1,7 @@
 //! The kube client relaylet makes ordinary API calls with, to the root cluster and to each leaf:
 //! kube's own stack (connect, read and write timeouts, retries of server errors, auth, headers)
 //! on a connector of relaylet's choosing, with a connection pool that gives connections back.
+//! The leaf's stream client puts the same stack on an HTTP client of its own (`over`).
 //!
 //! Each watch holds an HTTP/1.1 connection of its own, and a burst of concurrent calls (every
 //! leaf writing its virtual Node at once when leaf pods come or go) opens one connection per call.
@@ -42,6 +43,18 @@ where
         .http1_max_buf_size(MAX_READ_BUFFER)
         .pool_max_idle_per_host(MAX_IDLE_PER_HOST)
         .build::<_, kube::client::Body>(https);
+    over(config, hyper)
+}
+
+/// kube's stack for `config` (its base URI, retries of server errors when `default_retry`,
+/// auth, extra headers) on `hyper`, the HTTP client the caller built.
+pub fn over<C>(
+    config: &kube::Config,
+    hyper: hyper_util::client::legacy::Client<C, kube::client::Body>,
+) -> Result<Client, kube::Error>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
     let retry = config
         .default_retry
         .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
@@ -63,6 +76,10 @@ pub async fn root() -> anyhow::Result<Client> {
     let config = kube::Config::infer().await.map_err(|e| {
         anyhow::anyhow!("reading the root cluster's config (KUBECONFIG or in-cluster): {e}")
     })?;
+    root_from(&config)
+}
+
+fn root_from(config: &kube::Config) -> anyhow::Result<Client> {
     if config.proxy_url.is_some() {
         anyhow::bail!(
             "a proxy for the root cluster (proxy-url or HTTPS_PROXY) is not supported: relaylet \
@@ -71,5 +88,23 @@ pub async fn root() -> anyhow::Result<Client> {
     }
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
-    build(&config, tcp).map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
+    build(config, tcp).map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> kube::Config {
+        kube::Config::new("https://127.0.0.1:6443".parse().expect("url"))
+    }
+
+    #[tokio::test]
+    async fn the_root_client_refuses_a_proxy() {
+        assert!(root_from(&config()).is_ok());
+        let mut proxied = config();
+        proxied.proxy_url = Some("http://proxy.example:3128".parse().expect("url"));
+        let err = root_from(&proxied).err().expect("refused").to_string();
+        assert!(err.contains("proxy for the root cluster"), "{err}");
+    }
 }

@@ -49,13 +49,8 @@ fn stream_client(
     );
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, kube::client::Body>(https);
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .map_err(tower::BoxError::from)
-        .service(hyper);
-    Ok(Client::new(service, config.default_namespace.clone()))
+    // `config.default_retry` is off for streams: the stack adds no retries.
+    crate::api_client::over(config, hyper)
 }
 
 /// The `proxy-url` of the cluster the kubeconfig's current context uses (the entry kube builds
