@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::counterpart::{LeafPodMatch, NamespaceMap};
-use crate::dns::check_dns_label;
+use crate::model::counterpart::{LeafPodMatch, NamespaceMap};
+use crate::model::dns::check_dns_label;
 
 /// The label that marks a Secret as a leaf cluster's kubeconfig; its value is the leaf name.
 pub const DEFAULT_LEAF_SECRET_LABEL: &str = "relaylet.io/leaf-cluster";

@@ -3,53 +3,20 @@
 //! The root kube-apiserver sends `exec`, `attach`, `portForward` and `containerLogs` calls for a
 //! virtual node to relaylet's node server; relaylet finds the pod's leaf cluster and relays the
 //! call to that cluster's apiserver, splicing the streams. The parts are mapped in
-//! docs/development.md, "The parts".
+//! docs/development.md, "The parts": the folders below, from the bottom up,
+//! are `model`, `config`, `ops`, `certs`, `leaf`, `relay` and `routing`, `node_server`,
+//! `replicas` and `virtual_node`; each folder uses only those below it.
 
-pub mod api_client;
-pub mod auth;
-pub mod client_ca;
+pub mod certs;
 pub mod config;
-pub mod counterpart;
-pub mod counterpart_proof;
-pub mod crypto;
-pub mod csr_approver;
-pub mod dns;
-pub mod frames;
-pub mod health;
-pub mod kubelet_request;
-pub mod leader;
 pub mod leaf;
-pub mod leaf_dialer;
-pub mod leaf_kubeconfig;
-pub mod leaf_names;
-pub mod leaf_proxy;
-pub mod leaf_secret_refusal;
-pub mod limits;
-pub mod listener;
-pub mod memory;
-pub mod metrics;
-pub mod node_overrides;
-pub mod node_ownership;
-pub mod node_ports;
+pub mod model;
 pub mod node_server;
-pub mod pod_index;
-pub mod quantity;
-pub mod read_ahead;
+pub mod ops;
 pub mod relay;
 pub mod replicas;
-pub mod resource_metrics;
-pub mod self_signed;
-pub mod serving_csr;
-pub mod session;
-pub mod shutdown;
-pub mod slim_pod;
-pub mod splice;
-pub mod status;
-pub mod telemetry;
-pub mod tls;
-pub mod token_bucket;
+pub mod routing;
 pub mod virtual_node;
-pub mod warm_connector;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -59,9 +26,14 @@ use kube::Client;
 
 use rustls::server::ResolvesServerCert;
 
+use crate::certs::{client_ca, csr_approver, serving_csr, tls};
 use crate::config::{AuthMode, Config, ServingCert};
 use crate::leaf::Registry;
-use crate::shutdown::Shutdown;
+use crate::node_server::{auth, node_ports, resource_metrics};
+use crate::ops::shutdown::{self, Shutdown};
+use crate::ops::{api_client, health, limits, metrics, telemetry};
+use crate::replicas::leader;
+use crate::routing::pod_index;
 
 /// The Lease replicas elect their leader on, in relaylet's own namespace.
 pub const LEADER_LEASE: &str = "relaylet-leader";
@@ -219,6 +191,10 @@ fn request_serving_certificate(
         return None;
     };
     let cert = serving_csr::CsrCert::new(settings.approver);
+    let names = {
+        let registry = registry.clone();
+        move || registry.node_names()
+    };
     if settings.approver {
         let namespace = config
             .pod_namespace
@@ -226,22 +202,12 @@ fn request_serving_certificate(
             .unwrap_or_else(|| root.default_namespace().to_string());
         spawn_until(
             shutdown,
-            csr_approver::run(root.clone(), namespace, registry.clone(), metrics.clone()),
+            csr_approver::run(root.clone(), namespace, names.clone(), metrics.clone()),
         );
     }
     let subject = serving_csr::Subject {
         name: config.replica_name(),
         ip: config.leaf_node_ip,
-    };
-    let names = {
-        let registry = registry.clone();
-        move || {
-            registry
-                .snapshot()
-                .values()
-                .map(|leaf| leaf.node_name.clone())
-                .collect()
-        }
     };
     tokio::spawn(cert.clone().run(
         root.clone(),

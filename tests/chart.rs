@@ -532,8 +532,8 @@ fn grant(ns: &str, group: &str, resource: &str, name: &str, verbs: &[&str]) -> V
         .collect()
 }
 
-/// What relaylet's code calls in the root cluster (src/virtual_node, src/leader.rs,
-/// src/pod_index.rs, src/leaf.rs, src/auth.rs, src/lib.rs), with these values.
+/// What relaylet's code calls in the root cluster (src/virtual_node, src/replicas/leader.rs,
+/// src/routing/pod_index.rs, src/leaf/mod.rs, src/node_server/auth.rs, src/lib.rs), with these values.
 fn expected_permissions(
     webhook: bool,
     cluster_ca: bool,
@@ -1169,7 +1169,7 @@ fn existing_secrets_x509_and_leaf_clusters_from_values() {
                 want.sort();
                 assert_eq!(got, want);
                 // And relaylet reads it as the map it is.
-                let parsed = relaylet::counterpart::NamespaceMap::parse(
+                let parsed = relaylet::model::counterpart::NamespaceMap::parse(
                     &annotations["relaylet.io/namespace-map"],
                 )
                 .unwrap();
@@ -1680,15 +1680,15 @@ async fn make_leaf_secret_names_a_proxy_and_carries_its_tls_files() {
     );
     let minted = String::from_utf8(data["kubeconfig"].0.clone()).unwrap();
     let parsed = kube::config::Kubeconfig::from_yaml(&minted).unwrap();
-    relaylet::leaf_kubeconfig::check(&parsed).expect("a kubeconfig leaf Secrets may carry");
+    relaylet::leaf::kubeconfig::check(&parsed).expect("a kubeconfig leaf Secrets may carry");
     assert_eq!(relaylet::leaf::proxy_url(&parsed), Some(url));
-    let tls = relaylet::leaf_proxy::ProxyTls {
+    let tls = relaylet::leaf::proxy::ProxyTls {
         ca: Some(data["proxy-ca.crt"].0.clone()),
         client_cert: Some(data["proxy-client.crt"].0.clone()),
         client_key: Some(data["proxy-client.key"].0.clone()),
     };
     let proxy =
-        relaylet::leaf_proxy::LeafProxy::new(url, &tls).expect("relaylet sets the proxy up");
+        relaylet::leaf::proxy::LeafProxy::new(url, &tls).expect("relaylet sets the proxy up");
     assert_eq!(proxy.url.to_string(), "konnectivity.relaylet.svc:8090");
 }
 
@@ -1783,14 +1783,14 @@ async fn make_leaf_secret_mints_a_kubeconfig_relaylet_accepts() {
     );
     // It is data only, as a leaf Secret's kubeconfig must be (the user's had a CA file).
     let as_kube_reads_it = kube::config::Kubeconfig::from_yaml(&minted).unwrap();
-    relaylet::leaf_kubeconfig::check(&as_kube_reads_it)
+    relaylet::leaf::kubeconfig::check(&as_kube_reads_it)
         .expect("a kubeconfig leaf Secrets may carry");
     // relaylet's own loader accepts it.
     relaylet::leaf::Leaf::from_kubeconfig(
         "leaf-a",
         "relaylet-leaf-a",
         &minted,
-        &relaylet::metrics::Metrics::new(),
+        &relaylet::ops::metrics::Metrics::new(),
         true,
     )
     .await

@@ -245,7 +245,7 @@ fn without_its_proxy_url_the_leaf_is_unreachable_with_a_clear_error() {
             .expect("the sandbox leaf Secret names a proxy")
             .to_string();
         let direct = kubeconfig.replace(&format!("{proxy_line}\n"), "");
-        let metrics = relaylet::metrics::Metrics::default();
+        let metrics = relaylet::ops::metrics::Metrics::default();
         for (yaml, through_proxy) in [(&direct, false), (&kubeconfig, true)] {
             let leaf = relaylet::leaf::Leaf::from_kubeconfig("leaf-1", "n", yaml, &metrics, false)
                 .await
@@ -255,7 +255,7 @@ fn without_its_proxy_url_the_leaf_is_unreachable_with_a_clear_error() {
             if through_proxy {
                 assert!(got.is_ok(), "{got:?}");
             } else {
-                let err = relaylet::leaf_proxy::chain(&got.unwrap_err());
+                let err = relaylet::leaf::proxy::chain(&got.unwrap_err());
                 assert!(
                     err.contains(
                         "cannot connect to leaf leaf-1's apiserver at leaf-1.behind-nat.invalid:"

@@ -41,7 +41,7 @@ fn captured() -> &'static Captured {
     LOG.get_or_init(|| {
         let log = Captured::default();
         let writer = log.clone();
-        relaylet::telemetry::init_with_writer(LogFormat::Json, move || writer.clone());
+        relaylet::ops::telemetry::init_with_writer(LogFormat::Json, move || writer.clone());
         log
     })
 }
@@ -209,7 +209,7 @@ fn sessions_move_the_counters_and_log_one_line_at_each_end() {
 }
 
 /// relaylet dials the next leaf connection while a session runs, so the next session's
-/// upgrade goes out on a connection that is already open (`src/warm_connector.rs`).
+/// upgrade goes out on a connection that is already open (`src/leaf/warm_connector.rs`).
 #[test]
 fn the_next_session_takes_the_spare_leaf_connection() {
     let _counting = EXEC_COUNTS.lock().unwrap_or_else(|p| p.into_inner());

@@ -34,7 +34,7 @@ const OTHER: &str = "elsewhere";
 /// admission policies apply to that group too).
 const SYNCER: &str = "admin";
 const TENANT: &str = "tenant";
-const MARKER: &str = relaylet::counterpart::ROOT_UID_MARKER;
+const MARKER: &str = relaylet::model::counterpart::ROOT_UID_MARKER;
 /// What the tenant's pods carry in env POD, to tell them from synced copies.
 const PLANTED: &str = "planted by the tenant";
 /// The start of the policy's refusal, as kubectl prints it.

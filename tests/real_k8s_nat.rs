@@ -177,7 +177,7 @@ fn the_proxied_leafs_node_is_ready_with_its_capacity() {
         );
         // Two spellings of one quantity ("8Gi", "8589934592") compare by value.
         let value = |q: &serde_json::Value| {
-            relaylet::quantity::Milli::parse(q.as_str().unwrap_or_default())
+            relaylet::model::quantity::Milli::parse(q.as_str().unwrap_or_default())
                 .unwrap_or_else(|err| panic!("{resource}: {q} is not a quantity: {err}"))
         };
         assert_eq!(value(got), value(want), "{resource}: {got} vs {want}");

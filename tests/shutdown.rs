@@ -10,7 +10,7 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use relaylet::shutdown::Shutdown;
+use relaylet::ops::shutdown::Shutdown;
 use relaylet_dev::sandbox::{RELAYLET_NAMESPACE, RELAYLET_ROOT_USER, Settings};
 use support::{RT, Run, env, text, wait_exit, wait_until};
 

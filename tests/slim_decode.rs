@@ -9,7 +9,7 @@ use std::cell::Cell;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::WatchEvent;
-use relaylet::slim_pod::SlimPod;
+use relaylet::model::slim_pod::SlimPod;
 use relaylet::virtual_node::leaf_pods::PodFacts;
 use serde_json::json;
 

@@ -20,7 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::AttachParams;
 use relaylet::config::Config;
-use relaylet::shutdown::Shutdown;
+use relaylet::ops::shutdown::Shutdown;
 use relaylet_dev::sandbox::kube_client;
 use relaylet_sim::apiserver::{ApiServer, ApiServerConfig, Store};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
@@ -588,7 +588,7 @@ async fn a_crashed_replica_restarted_under_its_name_gives_up_the_node_assigned_e
         let store = root.api.store().clone();
         // Which of the two names the node is assigned to with both alive: that one is the
         // other replica, the one it is not assigned to is restarted.
-        let assignment = relaylet::virtual_node::assignment::Assignment::compute(
+        let assignment = relaylet::replicas::assignment::Assignment::compute(
             [NODE],
             ["relaylet-0", "relaylet-1"],
         );
@@ -920,7 +920,7 @@ async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
 
         // A replica joins and takes its share; a session open on a node that moves to it
         // goes on at relaylet-2.
-        let after_join = relaylet::virtual_node::assignment::Assignment::compute(
+        let after_join = relaylet::replicas::assignment::Assignment::compute(
             nodes.iter().map(String::as_str),
             ["relaylet-2", "relaylet-3"],
         );

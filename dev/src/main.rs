@@ -39,7 +39,7 @@ fn main() -> ExitCode {
 }
 
 async fn sandbox(args: &[String]) -> anyhow::Result<()> {
-    relaylet::telemetry::init(relaylet::config::LogFormat::Text);
+    relaylet::ops::telemetry::init(relaylet::config::LogFormat::Text);
     let options = relaylet_dev::sandbox::Options::parse(args)?;
     if options.help {
         println!("{}", relaylet_dev::sandbox::SANDBOX_USAGE);

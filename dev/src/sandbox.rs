@@ -35,7 +35,7 @@ use crate::testkit::proxy::{LeafProxyKind, TestProxy};
 
 use relaylet::Running;
 use relaylet::config::Config;
-use relaylet::shutdown::Shutdown;
+use relaylet::ops::shutdown::Shutdown;
 
 /// The namespace relaylet runs in, in the root cluster: the one README's install and
 /// `deploy/relaylet.yaml` use.
@@ -458,8 +458,10 @@ pub async fn sync_pod(
         .uid
         .ok_or_else(|| anyhow::anyhow!("root pod {} has no UID", pod.name))?;
     let mut copy = pod.clone();
-    copy.annotations
-        .insert(relaylet::counterpart::ROOT_UID_MARKER.to_string(), uid);
+    copy.annotations.insert(
+        relaylet::model::counterpart::ROOT_UID_MARKER.to_string(),
+        uid,
+    );
     leaf.add_pod(leaf_node, &copy).await?;
     Ok(())
 }

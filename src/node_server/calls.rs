@@ -11,13 +11,13 @@ use axum::response::Response;
 use http::StatusCode;
 use tracing::Instrument;
 
-use super::NodeServer;
-use crate::auth::{Access, Caller};
-use crate::counterpart_proof::{self as counterpart, RootPod};
-use crate::kubelet_request::{KubeletRequest, RequestError};
-use crate::pod_index::RouteError;
-use crate::session::SessionInfo;
-use crate::status::Refusal;
+use super::server::NodeServer;
+use crate::model::kubelet_request::{KubeletRequest, RequestError};
+use crate::model::status::Refusal;
+use crate::node_server::auth::{Access, Caller};
+use crate::relay::session::SessionInfo;
+use crate::routing::pod_index::RouteError;
+use crate::routing::proof::{self as counterpart, RootPod};
 
 /// Parses, authorizes, finds the leaf pod and relays one kubelet call (exec, attach,
 /// portForward, containerLogs) of an authenticated caller.

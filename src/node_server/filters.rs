@@ -9,11 +9,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rustls::pki_types::CertificateDer;
 
-use super::NodeServer;
-use crate::auth::{Access, AuthError, Caller};
+use super::server::NodeServer;
 use crate::config::AuthMode;
-use crate::limits::Unauthenticated;
-use crate::status::{self, Refusal};
+use crate::model::status::{self, Refusal};
+use crate::node_server::auth::{Access, AuthError, Caller};
+use crate::ops::limits::Unauthenticated;
 
 /// The client certificate the caller presented in the TLS handshake (its leaf certificate),
 /// put on each of the connection's requests by the connection layer.

@@ -10,10 +10,10 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
 
-use super::NodeServer;
-use crate::auth::{Access, Caller};
-use crate::resource_metrics::encode;
-use crate::status::Refusal;
+use super::server::NodeServer;
+use crate::model::status::Refusal;
+use crate::node_server::auth::{Access, Caller};
+use crate::node_server::resource_metrics::encode;
 
 impl NodeServer {
     /// The virtual node a node-level path (`/metrics`, `/stats/summary`, `/pods`) is about: the

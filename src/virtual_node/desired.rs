@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::leaf_pods::{PodFacts, PodKey};
 use crate::config::ADDRESS_TYPES;
-use crate::quantity::Milli;
+use crate::model::quantity::Milli;
 
 /// The taint every virtual node carries unless its leaf Secret says otherwise: only pods that
 /// tolerate it (the multi-cluster scheduler's) land there.
@@ -248,7 +248,7 @@ pub fn node_info(leaf_version: Option<&str>, leaf_nodes: &[Node]) -> NodeSystemI
 pub const EXTEND_WEBSOCKETS_TO_KUBELET: &str = "ExtendWebSocketsToKubelet";
 
 /// `status.declaredFeatures`, sorted as the apiserver requires. relaylet relays every upgrade
-/// to the leaf apiserver unchanged (`relay.rs`), so it serves the WebSocket calls exactly when
+/// to the leaf apiserver unchanged (`relay`), so it serves the WebSocket calls exactly when
 /// the leaf apiserver does: v5 exec/attach since 1.30 (`TranslateStreamCloseWebsocketRequests`
 /// beta) and the port-forward tunnel since 1.31 (`PortForwardWebsockets` beta). A leaf whose
 /// version is older or not known yet gets no declaration (the root then translates, as

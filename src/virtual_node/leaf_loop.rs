@@ -396,6 +396,34 @@ enum NodeEvent {
     Deleted,
 }
 
+impl Controller {
+    /// Writes `to` as `node`'s writer if the Node is still as read (its resourceVersion); the
+    /// Node as written (`None`: someone changed it meanwhile, read it again).
+    async fn write_served_by(&self, node: &Node, to: &str) -> Result<Option<Node>, kube::Error> {
+        let (Some(name), Some(version)) = (
+            node.metadata.name.as_deref(),
+            node.metadata.resource_version.as_deref(),
+        ) else {
+            return Ok(None);
+        };
+        let nodes: Api<Node> = Api::all(self.root.clone());
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": version,
+                "annotations": { served_by::SERVED_BY: to },
+            }
+        });
+        match nodes
+            .patch(name, &patch_params(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(written) => Ok(Some(written)),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 impl LeafLoop {
     /// Whether `event` shows the Node written by another replica: its annotation and its first
     /// address (where the root apiserver sends new sessions) no longer this replica's.

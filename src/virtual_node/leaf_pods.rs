@@ -15,8 +15,8 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::quantity::Milli;
-use crate::slim_pod::SlimPod;
+use crate::model::quantity::Milli;
+use crate::model::slim_pod::SlimPod;
 
 /// A leaf pod's namespace and name.
 pub type PodKey = (Box<str>, Box<str>);
@@ -135,7 +135,7 @@ impl LeafPods {
                 // A relist builds the map anew beside the old one, then swaps it in.
                 let mut relisting: Option<HashMap<PodKey, PodFacts>> = None;
                 while let Some(event) = events.next().await {
-                    crate::memory::decoded();
+                    crate::ops::memory::decoded();
                     let mut facts = facts.write().unwrap_or_else(|e| e.into_inner());
                     match event {
                         Ok(watcher::Event::Init) => relisting = Some(HashMap::new()),

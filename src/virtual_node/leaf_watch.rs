@@ -113,7 +113,7 @@ pub async fn probe(client: &Client, watch: &LeafWatch) -> Health {
         }
         // hyper's own message ("client error (Connect)") leaves the cause out.
         Ok(Err(err)) => {
-            return Health::Unreachable(format!("/readyz: {}", crate::leaf_proxy::chain(&err)));
+            return Health::Unreachable(format!("/readyz: {}", crate::leaf::proxy::chain(&err)));
         }
         Ok(Ok(_)) => {}
     }

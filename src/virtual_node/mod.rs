@@ -6,11 +6,11 @@
 //! `kube-node-lease` renewed every 10 s so the root never marks the node NotReady (and evicts its
 //! pods) while relaylet is alive.
 //!
-//! Every replica serves: each Node is assigned to one live replica (`assignment`, over the
-//! replicas `replicas` sees), and only that replica writes it, with its own pod IP first, so the
+//! Every replica serves: each Node is assigned to one live replica (`replicas::assignment`, over
+//! the replicas `replicas` sees), and only that replica writes it, with its own pod IP first, so the
 //! root apiserver sends that node's sessions there. The Node's `relaylet.io/served-by`
 //! annotation says who writes it; a replica takes a Node only when the annotation is empty, its
-//! own, or names a replica that is gone (`served_by`), so two replicas never write one Node.
+//! own, or names a replica that is gone (`replicas::served_by`), so two replicas never write one Node.
 //! The elected leader only deletes Nodes whose leaf went away.
 //!
 //! Every Node carries the install that owns it (label `relaylet.io/owner`, the install's
@@ -23,19 +23,16 @@
 //! Node object; `leaf_loop` is one leaf's loop, `node_lease` its Lease, `desired` what the Node
 //! should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods).
 
-pub mod assignment;
 pub mod desired;
 mod leaf_loop;
 pub mod leaf_pods;
 pub mod leaf_watch;
 mod node_lease;
-mod served_by;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -46,18 +43,18 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::config::Config;
-use crate::leader::Leadership;
 use crate::leaf::{Leaf, Registry};
-use crate::metrics::Metrics;
-use crate::node_ports::NodePorts;
-use crate::pod_index::PodIndex;
+use crate::node_server::node_ports::NodePorts;
+use crate::ops::metrics::Metrics;
 use crate::replicas::Replicas;
-use assignment::Assignment;
-use node_lease::NODE_LEASE_NAMESPACE;
+use crate::replicas::assignment::Assignment;
+use crate::replicas::leader::Leadership;
+use crate::replicas::served_by;
+use crate::routing::pod_index::PodIndex;
 
 // Whose a Node is: one rule, shared with the leaf Secret checks.
-use crate::node_ownership::Ownership;
-pub use crate::node_ownership::{MANAGED_BY_LABEL, OWNER_LABEL};
+use crate::model::node_ownership::Ownership;
+pub use crate::model::node_ownership::{MANAGED_BY_LABEL, OWNER_LABEL};
 /// Field manager for relaylet's writes.
 const MANAGER: &str = "relaylet";
 
@@ -78,7 +75,7 @@ pub struct Controller {
     pub node_ports: NodePorts,
     pub metrics: Metrics,
     /// Readiness hears each leaf probe made here (the one probe of a leaf's health).
-    pub health: Arc<crate::health::Health>,
+    pub health: Arc<crate::ops::health::Health>,
     /// This install's identity on its Nodes (`OWNER_LABEL`): its namespace.
     pub owner: String,
 }
@@ -115,7 +112,7 @@ impl SyncError {
 
 impl Controller {
     fn ownership(&self, node: &Node) -> Ownership {
-        crate::node_ownership::ownership(node, &self.owner)
+        crate::model::node_ownership::ownership(node, &self.owner)
     }
 
     /// Runs one loop per leaf, following the registry, until dropped.
@@ -262,7 +259,7 @@ impl Controller {
     /// Deletes this install's Node `node` and its Lease; anyone else's Node is left alone.
     async fn delete_node(&self, node: &str) {
         let nodes: Api<Node> = Api::all(self.root.clone());
-        let leases: Api<Lease> = Api::namespaced(self.root.clone(), NODE_LEASE_NAMESPACE);
+        let leases = self.node_leases();
         let uid = match nodes.get_opt(node).await {
             Ok(Some(found)) if self.ownership(&found) == Ownership::Ours => found.metadata.uid,
             Ok(Some(found)) => {

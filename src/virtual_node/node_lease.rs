@@ -17,16 +17,21 @@ use super::{Controller, patch_params};
 pub(super) const LEASE_RENEW: Duration = Duration::from_secs(10);
 const NODE_LEASE_SECONDS: i32 = 40;
 /// The namespace of node leases.
-pub(super) const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
 impl Controller {
+    /// The node Leases of the root cluster.
+    pub(super) fn node_leases(&self) -> Api<Lease> {
+        Api::namespaced(self.root.clone(), NODE_LEASE_NAMESPACE)
+    }
+
     /// Renews (or creates) the node's Lease, owned by the Node so it goes with it.
     pub(super) async fn renew_lease(
         &self,
         node: &str,
         node_uid: Option<&str>,
     ) -> Result<(), kube::Error> {
-        let leases: Api<Lease> = Api::namespaced(self.root.clone(), NODE_LEASE_NAMESPACE);
+        let leases = self.node_leases();
         let now = MicroTime(Timestamp::now());
         let spec = LeaseSpec {
             holder_identity: Some(node.to_string()),

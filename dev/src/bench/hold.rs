@@ -24,7 +24,7 @@ use relaylet_sim::tls::Identity;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 
-use relaylet::counterpart::ROOT_UID_MARKER;
+use relaylet::model::counterpart::ROOT_UID_MARKER;
 
 /// Starts the endpoint on a loopback port with the serving `identity`, holding sessions of the
 /// root pod `held`.

@@ -741,7 +741,7 @@ const OPEN_CONCURRENCY: usize = 32;
 /// Time given to relaylet to settle after the sessions open.
 const SETTLE: Duration = Duration::from_secs(2);
 /// Time given to relaylet after the sessions close: closing thousands takes a second or two,
-/// and relaylet returns freed memory a second after the last one ends (`src/memory.rs`).
+/// and relaylet returns freed memory a second after the last one ends (`src/ops/memory.rs`).
 const SETTLE_AFTER_CLOSE: Duration = Duration::from_secs(5);
 
 /// Opens `count` idle sessions through relaylet to the hold leaf, all at once held open.

@@ -9,6 +9,9 @@ use serde_json::{Value, json};
 
 use super::kinds::{self, KINDS, Kind};
 
+/// The Kubernetes version the stand-ins report (`/version`, node info).
+pub const KUBERNETES_VERSION: &str = "v1.35.0-relaylet-sim";
+
 /// `/version`, claiming the Kubernetes release whose API this stand-in mirrors.
 pub fn version() -> Value {
     json!({
@@ -18,7 +21,7 @@ pub fn version() -> Value {
         "emulationMinor": "35",
         "minCompatibilityMajor": "1",
         "minCompatibilityMinor": "34",
-        "gitVersion": super::KUBERNETES_VERSION,
+        "gitVersion": KUBERNETES_VERSION,
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z",

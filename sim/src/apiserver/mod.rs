@@ -54,8 +54,7 @@ use serde_json::json;
 
 pub use auth::{Policy, Rule, UserInfo};
 
-/// The Kubernetes version the stand-ins report (`/version`, node info).
-pub const KUBERNETES_VERSION: &str = "v1.35.0-relaylet-sim";
+pub use discovery::KUBERNETES_VERSION;
 pub use failure::Failure;
 pub use store::Store;
 

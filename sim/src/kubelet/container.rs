@@ -1,10 +1,12 @@
-//! One running instance of a container's main process, as the container runtime keeps it.
+//! A container: what to run (`ContainerRun`) and one running instance of its main process, as
+//! the container runtime keeps it.
 //!
 //! The runtime owns the process's stdio: it copies stdout and stderr into the CRI log file the
 //! kubelet serves `containerLogs` from, and to any attached clients; it holds stdin open (when
 //! the container has `stdin: true`) so attached clients can type into it. Each restart is a new
 //! instance with its own log file (`<restart>.log`), so the previous one stays readable.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -12,11 +14,23 @@ use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, broadcast, mpsc, watch};
 
-use super::KubeletError;
 use super::cri_log::{self, MAX_RECORD};
-use super::pods::ContainerRun;
+use super::error::KubeletError;
 use super::process::{self, OutputSource, ProcessGroup, ProcessIo, Pty, SpawnSpec, StdinSink};
 use super::streams::{OutStream, TermSize};
+
+/// A container to run: its main process and what it looks like from outside.
+#[derive(Debug, Clone)]
+pub struct ContainerRun {
+    pub name: String,
+    /// The main process's argv.
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: bool,
+    pub tty: bool,
+    /// Container port → the real local address that serves it.
+    pub ports: Vec<(u16, SocketAddr)>,
+}
 
 /// How many output chunks an attached client may fall behind before it loses some.
 const ATTACH_BACKLOG: usize = 1024;

@@ -18,10 +18,10 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, BufReader};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use super::Shared;
 use super::container::Instance;
 use super::cri_log::{self, MAX_LINE};
 use super::log_options::{LogOptions, OptionsError, StreamSelect};
+use super::shared::Shared;
 use super::streams::OutStream;
 use super::text::text;
 

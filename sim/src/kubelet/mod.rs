@@ -12,6 +12,7 @@
 mod attach;
 mod container;
 mod cri_log;
+mod error;
 mod exec;
 mod idle;
 mod log_options;
@@ -21,6 +22,7 @@ mod portforward;
 mod process;
 mod query;
 mod routes;
+mod shared;
 mod spdy_transport;
 mod status;
 mod streams;
@@ -37,8 +39,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::serve::{Served, serve_tls};
+use shared::Shared;
 
-pub use pods::{ContainerRun, PodRun};
+pub use container::ContainerRun;
+pub use error::KubeletError;
+pub use pods::PodRun;
 pub use status::{Outcome, StatusFormat};
 pub use streams::TermSize;
 pub use ws_tunnel::{TUNNEL_PREFIX, WsByteStream};
@@ -83,38 +88,6 @@ pub struct ContainerStatus {
     pub running: bool,
     /// Set once the main process exited (128 + signal if it was killed).
     pub exit_code: Option<i32>,
-}
-
-/// Errors from running the kubelet stand-in.
-#[derive(Debug, thiserror::Error)]
-pub enum KubeletError {
-    #[error("listening on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Io(String),
-    #[error("starting container {0}: {1}")]
-    Start(String, String),
-    #[error("invalid pod: {0}")]
-    InvalidPod(String),
-    #[error("{0} not found")]
-    NotFound(String),
-}
-
-/// State shared by the routes.
-struct Shared {
-    node_name: String,
-    data_dir: PathBuf,
-    stream_creation_timeout: Duration,
-    stream_idle_timeout: Duration,
-    pods: pods::Pods,
-    /// Fires when the kubelet stops: every streaming session ends with it.
-    stop: CancellationToken,
-    /// containerLogs responses still being written (tests check follows end with their client).
-    open_log_streams: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A running kubelet stand-in; stops (and kills all its processes) when dropped.

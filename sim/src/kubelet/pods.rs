@@ -5,14 +5,13 @@
 //! `/var/log/pods` layout); processes run in `<data_dir>/containers/<ns>_<pod>_<uid>/<container>`.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use super::KubeletError;
-use super::container::{Instance, Placement};
+use super::container::{ContainerRun, Instance, Placement};
+use super::error::KubeletError;
 
 /// A pod to run.
 #[derive(Debug, Clone)]
@@ -21,19 +20,6 @@ pub struct PodRun {
     pub name: String,
     pub uid: String,
     pub containers: Vec<ContainerRun>,
-}
-
-/// A container to run: its main process and what it looks like from outside.
-#[derive(Debug, Clone)]
-pub struct ContainerRun {
-    pub name: String,
-    /// The main process's argv.
-    pub command: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub stdin: bool,
-    pub tty: bool,
-    /// Container port → the real local address that serves it.
-    pub ports: Vec<(u16, SocketAddr)>,
 }
 
 /// A running pod.

@@ -20,9 +20,9 @@ use axum::routing::get;
 use http::StatusCode;
 use tracing::Instrument;
 
-use super::Shared;
 use super::pods::{Container, Pod};
 use super::portforward::{self, Target};
+use super::shared::Shared;
 use super::status::Outcome;
 use super::streams::{self, StreamOptions};
 use super::text::text;

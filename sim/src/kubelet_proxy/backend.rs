@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
-use super::ProxyError;
+use super::error::ProxyError;
 
 /// How long dialing and the TLS handshake may take (the apiserver's kubelet dial timeout).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(30);

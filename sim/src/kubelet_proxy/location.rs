@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
-use super::ProxyError;
+use super::error::ProxyError;
 
 /// A request's query as decoded `(key, value)` pairs in order.
 pub(crate) struct Query(Vec<(String, String)>);

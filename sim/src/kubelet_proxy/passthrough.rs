@@ -12,8 +12,8 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::ProxyError;
 use super::backend::{Backend, forward_request, relay_headers};
+use super::error::ProxyError;
 
 /// Relays an upgrade request to the kubelet and, on 101, splices the connections.
 pub(crate) async fn upgrade(

@@ -17,8 +17,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use super::ProxyError;
 use super::backend::{Backend, forward_request};
+use super::error::ProxyError;
 use super::passthrough::relay;
 use super::websocket::{self, ServerSocket};
 use crate::spdy::upgrade::{PROTOCOL_VERSION_HEADER, SPDY_31};

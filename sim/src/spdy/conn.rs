@@ -8,10 +8,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -19,31 +19,8 @@ use tokio_util::sync::CancellationToken;
 use super::SpdyError;
 use super::frame::{Frame, FrameDecoder, FrameEncoder, goaway, rst};
 use super::headers::HeaderList;
-use super::stream::{RemoteEnd, Stream, StreamState};
-
-/// Which end of the upgrade we are: clients open odd stream ids, servers even ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Client,
-    Server,
-}
-
-impl Role {
-    fn first_stream_id(self) -> u32 {
-        match self {
-            Role::Client => 1,
-            Role::Server => 2,
-        }
-    }
-
-    /// Whether `id` (a stream or ping id) was chosen by our peer.
-    fn is_peers(self, id: u32) -> bool {
-        match self {
-            Role::Client => id.is_multiple_of(2),
-            Role::Server => !id.is_multiple_of(2),
-        }
-    }
-}
+use super::shared::{Lifeline, RemoteEnd, Role, Shared, StreamEntry, StreamState, WriteCmd, lock};
+use super::stream::Stream;
 
 /// How long `open_stream` waits for SYN_REPLY (client-go's createStreamResponseTimeout).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -57,137 +34,6 @@ const INCOMING_QUEUE: usize = 16;
 pub const GOAWAY_GRACE: Duration = Duration::from_secs(5);
 /// Bytes the writer task batches into one socket write.
 const WRITE_BATCH: usize = 64 * 1024;
-
-/// Things the writer task is asked to do.
-pub(crate) enum WriteCmd {
-    Frame(Frame),
-    /// Send GOAWAY, flush, close our side and end the connection.
-    GoAway,
-}
-
-/// A stream the reader task can deliver to.
-struct StreamEntry {
-    state: Arc<StreamState>,
-    /// `None` once the peer's side ended.
-    data: Option<mpsc::Sender<Bytes>>,
-    /// Set for streams we opened, until the SYN_REPLY (or a reset) arrives.
-    reply: Option<oneshot::Sender<Result<HeaderList, SpdyError>>>,
-}
-
-/// State shared by the connection handles, its streams and its two tasks.
-pub(crate) struct Shared {
-    role: Role,
-    pub(crate) writer: mpsc::Sender<WriteCmd>,
-    streams: Mutex<HashMap<u32, StreamEntry>>,
-    /// The next id we will open; held across sending SYN_STREAM so ids hit the wire in order.
-    next_id: tokio::sync::Mutex<u32>,
-    closed: CancellationToken,
-    /// We or the peer sent GOAWAY: no new streams.
-    going_away: AtomicBool,
-    last_peer_stream: AtomicU32,
-    /// Our unanswered PINGs by id.
-    pings: Mutex<HashMap<u32, oneshot::Sender<()>>>,
-    next_ping_id: AtomicU32,
-    /// The user handles' lifeline; the reader task only holds it weakly.
-    lifeline: std::sync::Weak<Lifeline>,
-}
-
-/// Locks a mutex, recovering from poisoning (a panicking holder cannot leave these maps in a
-/// state worse than a lost connection).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Shared {
-    fn streams(&self) -> MutexGuard<'_, HashMap<u32, StreamEntry>> {
-        // A panic while holding this lock cannot leave the map inconsistent in a way that matters
-        // more than losing the connection, so recover the guard instead of propagating poison.
-        self.streams
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.is_cancelled()
-    }
-
-    pub(crate) async fn send(&self, cmd: WriteCmd) -> Result<(), SpdyError> {
-        if self.is_closed() {
-            return Err(SpdyError::ConnectionClosed);
-        }
-        self.writer
-            .send(cmd)
-            .await
-            .map_err(|_| SpdyError::ConnectionClosed)
-    }
-
-    /// Queues a frame from a `Drop` impl, which cannot wait: if the queue is full, a task waits.
-    pub(crate) fn send_from_drop(&self, cmd: WriteCmd) {
-        match self.writer.try_send(cmd) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(cmd)) => {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let writer = self.writer.clone();
-                    runtime.spawn(async move {
-                        let _ = writer.send(cmd).await;
-                    });
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
-        }
-    }
-
-    /// Our side of stream `id` sent FIN: forget it once the peer's side has ended too.
-    pub(crate) fn closed_locally(&self, id: u32) {
-        let mut streams = self.streams();
-        if let Some(entry) = streams.get(&id)
-            && entry.data.is_none()
-            && entry.reply.is_none()
-        {
-            streams.remove(&id);
-        }
-    }
-
-    /// We reset stream `id`: both sides are over.
-    pub(crate) fn reset_locally(&self, id: u32) {
-        if let Some(entry) = self.streams().remove(&id) {
-            entry.state.end_remote(RemoteEnd::Reset);
-        }
-    }
-}
-
-/// Held by every user handle (connection clones, `Incoming`, stream halves). When the last one
-/// goes, nobody can use the connection any more, so it is closed gracefully: whatever was
-/// queued is written, then GOAWAY, then the socket is closed. Without this a forgotten
-/// connection would keep its socket and tasks until the peer hung up.
-pub(crate) struct Lifeline {
-    writer: mpsc::Sender<WriteCmd>,
-    closed: CancellationToken,
-}
-
-impl Drop for Lifeline {
-    fn drop(&mut self) {
-        if self.closed.is_cancelled() {
-            return;
-        }
-        match self.writer.try_send(WriteCmd::GoAway) {
-            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-            Err(mpsc::error::TrySendError::Full(cmd)) => {
-                let writer = self.writer.clone();
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => {
-                        runtime.spawn(async move {
-                            let _ = writer.send(cmd).await;
-                        });
-                    }
-                    Err(_) => self.closed.cancel(),
-                }
-            }
-        }
-    }
-}
 
 /// A handle to one SPDY connection. Cheap to clone; every clone drives the same connection.
 /// The connection closes (GOAWAY) when it, its `Incoming` and all its streams are dropped.

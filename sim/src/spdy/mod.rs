@@ -13,10 +13,12 @@ mod conn;
 mod error;
 pub mod frame;
 pub mod headers;
+mod shared;
 mod stream;
 pub mod upgrade;
 
-pub use conn::{Connection, GOAWAY_GRACE, Incoming, Role};
+pub use conn::{Connection, GOAWAY_GRACE, Incoming};
+pub use shared::Role;
 pub use stream::{Stream, StreamReader, StreamWriter};
 pub use upgrade::{
     Accepting, NegotiationError, UpgradeError, accept, missing_protocol_response, negotiate,

@@ -14,7 +14,6 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -23,68 +22,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 
 use super::SpdyError;
-use super::conn::{Lifeline, Shared, WriteCmd};
 use super::frame::{FLAG_FIN, Frame, rst};
 use super::headers::HeaderList;
+use super::shared::{Lifeline, Shared, StreamState, WriteCmd};
 
 /// Largest DATA frame we send; bigger writes are split (client-go writes 32 KiB at a time too).
 pub(crate) const MAX_WRITE_CHUNK: usize = 32 * 1024;
-
-/// Why the peer's side of a stream ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum RemoteEnd {
-    Open = 0,
-    Fin = 1,
-    Reset = 2,
-    ConnectionLost = 3,
-}
-
-/// State shared between a stream's halves and the connection's reader task.
-#[derive(Debug)]
-pub(crate) struct StreamState {
-    pub(crate) id: u32,
-    remote_end: AtomicU8,
-    local_closed: AtomicBool,
-    reset: AtomicBool,
-}
-
-impl StreamState {
-    pub(crate) fn new(id: u32) -> Self {
-        StreamState {
-            id,
-            remote_end: AtomicU8::new(RemoteEnd::Open as u8),
-            local_closed: AtomicBool::new(false),
-            reset: AtomicBool::new(false),
-        }
-    }
-
-    /// Records how the remote side ended; the first reason wins.
-    pub(crate) fn end_remote(&self, why: RemoteEnd) {
-        let _ = self.remote_end.compare_exchange(
-            RemoteEnd::Open as u8,
-            why as u8,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        if why == RemoteEnd::Reset {
-            self.reset.store(true, Ordering::Release);
-        }
-    }
-
-    pub(crate) fn is_local_closed(&self) -> bool {
-        self.local_closed.load(Ordering::Acquire)
-    }
-
-    /// Marks our side closed; true if it was open until now.
-    pub(crate) fn close_local(&self) -> bool {
-        !self.local_closed.swap(true, Ordering::AcqRel)
-    }
-
-    pub(crate) fn is_reset(&self) -> bool {
-        self.reset.load(Ordering::Acquire)
-    }
-}
 
 /// A SPDY stream: the headers it was opened with, and an async byte pipe.
 pub struct Stream {

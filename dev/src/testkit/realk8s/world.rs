@@ -84,7 +84,7 @@ impl Default for Setup {
 pub struct Replica {
     pub ip: IpAddr,
     pub running: relaylet::Running,
-    pub shutdown: relaylet::shutdown::Shutdown,
+    pub shutdown: relaylet::ops::shutdown::Shutdown,
 }
 
 /// The clusters and relaylet.
@@ -257,7 +257,7 @@ impl World {
         let env = self.replica_env(i);
         let config = relaylet::config::Config::from_lookup(|name| env.get(name).cloned())
             .expect("the chart's env is a valid configuration");
-        let shutdown = relaylet::shutdown::Shutdown::default();
+        let shutdown = relaylet::ops::shutdown::Shutdown::default();
         let running = self.runtime.block_on(async {
             let client = crate::sandbox::kube_client(self.replica_kubeconfig(i))
                 .await
@@ -577,7 +577,10 @@ pub fn pod_manifest(
 ) -> String {
     let mut annotations = serde_json::Map::new();
     if let Some(uid) = root_uid {
-        annotations.insert(relaylet::counterpart::ROOT_UID_MARKER.into(), uid.into());
+        annotations.insert(
+            relaylet::model::counterpart::ROOT_UID_MARKER.into(),
+            uid.into(),
+        );
     }
     serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",

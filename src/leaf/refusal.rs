@@ -1,0 +1,185 @@
+//! Why a leaf Secret was refused, and how a refusal is made known: one error-level log line, a
+//! Warning Event on the Secret (reason `LeafSecretRefused`, so `kubectl describe secret` shows
+//! it to whoever wrote it) and the `relaylet_leaf_secret_refusals_total{reason}` counter.
+//! Nothing here ever carries kubeconfig contents.
+
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+use crate::leaf::kubeconfig;
+use crate::ops::metrics::Metrics;
+
+/// The Event reason of every refusal.
+pub const EVENT_REASON: &str = "LeafSecretRefused";
+/// The Events' `reportingController`.
+const REPORTING_CONTROLLER: &str = "relaylet";
+/// events.k8s.io/v1 refuses a longer `note`.
+const NOTE_LIMIT: usize = 1024;
+
+/// Why a leaf Secret does not register a leaf.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A malformed label, annotation or `kubeconfig` key.
+    #[error("{0}")]
+    Invalid(String),
+    /// The kubeconfig names something that is code or a file, not data.
+    #[error(transparent)]
+    Kubeconfig(#[from] kubeconfig::Refused),
+    /// The kubeconfig does not parse, or kube cannot build a client from it.
+    #[error("kubeconfig: {0}")]
+    Unusable(String),
+    /// The kubeconfig's proxy, or the Secret's proxy TLS keys, cannot be used.
+    #[error(transparent)]
+    Proxy(#[from] crate::leaf::proxy::ProxySetupError),
+    #[error("annotation relaylet.io/node-name: {0}")]
+    NodeNameInvalid(String),
+    /// An older leaf Secret (or the `LEAF_KUBECONFIG` leaf) has the node name.
+    #[error(
+        "node name {node:?} is already used by {holder}; the older Secret keeps it (give this leaf another relaylet.io/node-name)"
+    )]
+    NodeNameTaken { node: String, holder: String },
+    /// An older leaf Secret (or the `LEAF_KUBECONFIG` leaf) has the leaf name.
+    #[error("leaf name {leaf:?} is already used by {holder}; the older Secret keeps it")]
+    LeafNameTaken { leaf: String, holder: String },
+    /// A Node of that name exists and is not this install's to write.
+    #[error(
+        "node name {node:?} is an existing Node that belongs to {owner}; relaylet does not take it over"
+    )]
+    NodeNotOurs { node: String, owner: String },
+    /// The root apiserver did not say whether the Node exists.
+    #[error("checking whether Node {node:?} exists: {message}")]
+    NodeCheckFailed { node: String, message: String },
+}
+
+impl Refusal {
+    /// The metric label: a short fixed word per kind of refusal.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Invalid(_) => "invalid_secret",
+            Refusal::Kubeconfig(refused) => refused.field.reason(),
+            Refusal::Unusable(_) => "kubeconfig_unusable",
+            Refusal::Proxy(_) => "proxy",
+            Refusal::NodeNameInvalid(_) => "node_name_invalid",
+            Refusal::NodeNameTaken { .. } => "node_name_taken",
+            Refusal::LeafNameTaken { .. } => "leaf_name_taken",
+            Refusal::NodeNotOurs { .. } => "node_not_owned",
+            Refusal::NodeCheckFailed { .. } => "node_check_failed",
+        }
+    }
+
+    /// Whether the Secret lost its names to another one (rather than being wrong itself).
+    pub fn lost_names(&self) -> bool {
+        matches!(
+            self,
+            Refusal::NodeNameTaken { .. } | Refusal::LeafNameTaken { .. }
+        )
+    }
+}
+
+/// Makes refusals known.
+#[derive(Clone)]
+pub struct Reporter {
+    pub root: Client,
+    pub metrics: Metrics,
+    /// The Events' `reportingInstance`: this replica.
+    pub instance: String,
+}
+
+impl Reporter {
+    /// Logs, counts and records on the Secret that `secret` (leaf `leaf`, when it names one)
+    /// was refused. The Event is best effort: a failure to write it is logged, never retried.
+    pub async fn refused(&self, secret: &Secret, leaf: Option<&str>, refusal: &Refusal) {
+        let name = secret.metadata.name.as_deref().unwrap_or_default();
+        let namespace = secret.metadata.namespace.as_deref().unwrap_or_default();
+        self.metrics.leaf_secret_refusal(refusal.reason());
+        tracing::error!(
+            secret = %format!("{namespace}/{name}"),
+            leaf = leaf.unwrap_or("-"),
+            reason = refusal.reason(),
+            "leaf Secret refused: {refusal}"
+        );
+        let events: Api<Event> = Api::namespaced(self.root.clone(), namespace);
+        let event = self.event(secret, &refusal.to_string());
+        if let Err(err) = events.create(&PostParams::default(), &event).await {
+            tracing::warn!(%err, secret = %format!("{namespace}/{name}"), "recording the refusal as an Event");
+        }
+    }
+
+    /// A Warning Event about `secret`. Written with a plain create rather than kube's
+    /// `Recorder`: that one folds repeats into a series by reason alone, so a Secret refused
+    /// again for a new reason would keep showing the old message, and it needs `patch` too.
+    fn event(&self, secret: &Secret, message: &str) -> Event {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        // Like kubelet's: the object's name and a unique suffix, kept within 253 characters.
+        let prefix: String = name.chars().take(200).collect();
+        let prefix = prefix.trim_end_matches(['-', '.']);
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{prefix}.{:x}", now.as_nanosecond())),
+                namespace: secret.metadata.namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            type_: Some("Warning".to_string()),
+            reason: Some(EVENT_REASON.to_string()),
+            action: Some("Register".to_string()),
+            note: Some(truncate(message, NOTE_LIMIT)),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_string()),
+            reporting_instance: Some(self.instance.chars().take(128).collect()),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".to_string()),
+                kind: Some("Secret".to_string()),
+                name: Some(name),
+                namespace: secret.metadata.namespace.clone(),
+                uid: secret.metadata.uid.clone(),
+                resource_version: secret.metadata.resource_version.clone(),
+                ..ObjectReference::default()
+            }),
+            ..Event::default()
+        }
+    }
+}
+
+/// At most `limit` bytes of `text`, cut at a character boundary.
+fn truncate(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_cut_at_a_character_boundary() {
+        assert_eq!(truncate("abc", 5), "abc");
+        assert_eq!(truncate("abcdef", 3), "abc");
+        assert_eq!(truncate("aé", 2), "a");
+    }
+
+    #[test]
+    fn reasons_are_fixed_words() {
+        let taken = Refusal::NodeNameTaken {
+            node: "n".into(),
+            holder: "leaf Secret a".into(),
+        };
+        assert_eq!(taken.reason(), "node_name_taken");
+        assert!(taken.lost_names());
+        let foreign = Refusal::NodeNotOurs {
+            node: "n".into(),
+            owner: "something other than relaylet".into(),
+        };
+        assert_eq!(foreign.reason(), "node_not_owned");
+        assert!(!foreign.lost_names());
+    }
+}

@@ -1,0 +1,19 @@
+//! The shapes and rules every part of relaylet shares, as plain types and functions: no I/O, no
+//! configuration, nothing from another folder (so every other folder may use them).
+//!
+//! - `kubelet_request`: what the root apiserver asks of a kubelet, and the same call as the leaf
+//!   apiserver's pod subresource.
+//! - `status`: the `metav1.Status` answers, and `Refusal`, the error every handler stops at.
+//! - `counterpart`: which leaf pod stands for a root pod (the namespace map, the markers).
+//! - `slim_pod`: a pod as relaylet's watches decode it, only the fields relaylet uses.
+//! - `node_ownership`, `node_overrides`: whose a Node is; what a leaf Secret may add to it.
+//! - `dns`, `quantity`: Kubernetes' name rules; exact resource-quantity arithmetic.
+
+pub mod counterpart;
+pub mod dns;
+pub mod kubelet_request;
+pub mod node_overrides;
+pub mod node_ownership;
+pub mod quantity;
+pub mod slim_pod;
+pub mod status;

@@ -1,0 +1,360 @@
+//! relaylet's own Prometheus metrics: what operators watch to trust it.
+//!
+//! One [`Metrics`] per running relaylet (tests run several in one process, so nothing is
+//! global). Families are cheap to update: counters and gauges are relaxed atomics; a labelled
+//! child is looked up once per session, never per relayed chunk. Served in the OpenMetrics text
+//! format on `METRICS_ADDR` and, behind `nodes/metrics` authorization, on the kubelet port.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of one session family: `kind` is exec, attach, portforward or containerLogs.
+pub type SessionLabels = [(&'static str, String); 2];
+/// Labels of a finished session.
+pub type ResultLabels = [(&'static str, String); 3];
+/// A single label.
+pub type OneLabel = [(&'static str, String); 1];
+/// Labels of a connection to a leaf: `leaf` and `source` (`spare` or `dialed`).
+pub type LeafConnectionLabels = [(&'static str, String); 2];
+
+/// The Content-Type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Every metric relaylet exports. Cheap to clone (the families are shared).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// Open sessions by kind and leaf.
+    pub sessions_active: Family<SessionLabels, Gauge>,
+    /// Finished sessions by kind, leaf and result (see `relay` for the results).
+    pub sessions: Family<ResultLabels, Counter>,
+    /// Bytes relayed by direction (`to_leaf`, `to_client`), counted as they move.
+    pub bytes: Family<OneLabel, Counter>,
+    /// From the call reaching the relay to the leaf's answer (101 or error), by kind.
+    pub upgrade_latency: Family<OneLabel, Histogram>,
+    /// 1 when the last probe of a leaf's apiserver succeeded.
+    pub leaf_reachable: Family<OneLabel, Gauge>,
+    /// 1 when the last probe of the root apiserver succeeded.
+    pub root_reachable: Gauge,
+    /// Failed writes of virtual Nodes (`kind="node"`) and their Leases (`kind="lease"`).
+    pub node_write_errors: Family<OneLabel, Counter>,
+    /// Writes of a held virtual Node that found it changed since this replica last read or
+    /// wrote it (409 on its resourceVersion): not errors, the Node is read again.
+    pub node_write_conflicts: Counter,
+    /// 1 while this replica is the elected leader.
+    pub leader: Gauge,
+    /// Authentication and authorization outcomes on the kubelet port, by `decision`
+    /// (`allowed`, `denied`, `unauthenticated`, `error`).
+    pub auth_decisions: Family<OneLabel, Counter>,
+    /// Connections the stream clients opened to leaves, by leaf and by whether the spare
+    /// connection served it (`source="spare"`) or the session had to dial (`"dialed"`).
+    pub leaf_connections: Family<LeafConnectionLabels, Counter>,
+    /// Calls refused because their root pod's leaf pod did not prove to be its counterpart, by
+    /// leaf and reason (see `counterpart`). Per-pod detail is in the log, not in labels.
+    pub counterpart_refusals: Family<LeafConnectionLabels, Counter>,
+    /// Rounds in which the leader looked for this install's Nodes whose leaf is gone.
+    pub orphan_checks: Counter,
+    /// Connections and streams refused at a cap, by `cap` (`connections`,
+    /// `unauthenticated_connections`, `handshakes`, `sessions`, `log_streams`).
+    pub limit_refusals: Family<OneLabel, Counter>,
+    /// `SERVING_CERT_MODE=csr`: 1 while this replica's CSR waits for approval and signing.
+    pub serving_cert_pending: Gauge,
+    /// `SERVING_CERT_MODE=csr`: certificates issued to this replica (the first and renewals).
+    pub serving_cert_issued: Counter,
+    /// `SERVING_CERT_MODE=csr`: when the served certificate expires (Unix seconds).
+    pub serving_cert_expiry: Gauge,
+    /// The CSR approver's decisions on CSRs relaylet's identity made, by `decision`
+    /// (`approved`, `refused`).
+    pub csr_approver_decisions: Family<OneLabel, Counter>,
+    /// Leaf Secrets refused (never registered), by `reason` (see `leaf::refusal`).
+    pub leaf_secret_refusals: Family<OneLabel, Counter>,
+    /// Virtual nodes this replica writes now (their Node's `relaylet.io/served-by`).
+    pub virtual_nodes_served: Gauge,
+    /// Virtual nodes this replica took over (created, taken from a replica gone, or handed
+    /// back to it).
+    pub virtual_node_takeovers: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("relaylet");
+        let sessions_active = Family::<SessionLabels, Gauge>::default();
+        registry.register(
+            "sessions_active",
+            "Open relayed sessions (exec, attach, port-forward, logs) by kind and leaf",
+            sessions_active.clone(),
+        );
+        let sessions = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "sessions",
+            "Finished relayed sessions by kind, leaf and result",
+            sessions.clone(),
+        );
+        let bytes = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "relayed_bytes",
+            "Bytes relayed, by direction (to_leaf, to_client)",
+            bytes.clone(),
+        );
+        let upgrade_latency = Family::<OneLabel, Histogram>::new_with_constructor(|| {
+            // 5 ms .. ~20 s: a local leaf answers in milliseconds, a far one in a second.
+            Histogram::new(exponential_buckets(0.005, 2.0, 13))
+        });
+        registry.register(
+            "upgrade_latency_seconds",
+            "Time from a call reaching relaylet to the leaf's answer (101 Switching Protocols or an error), by kind",
+            upgrade_latency.clone(),
+        );
+        let leaf_reachable = Family::<OneLabel, Gauge>::default();
+        registry.register(
+            "leaf_reachable",
+            "1 when the leaf cluster's apiserver answered the last probe",
+            leaf_reachable.clone(),
+        );
+        let root_reachable = Gauge::default();
+        registry.register(
+            "root_reachable",
+            "1 when the root cluster's apiserver answered the last probe",
+            root_reachable.clone(),
+        );
+        let node_write_errors = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "node_write_errors",
+            "Failed writes of virtual Nodes (kind=node) and their Leases (kind=lease)",
+            node_write_errors.clone(),
+        );
+        let node_write_conflicts = Counter::default();
+        registry.register(
+            "node_write_conflicts",
+            "Writes of a held virtual Node refused because the Node changed since this replica last read or wrote it (409 on its resourceVersion); the Node is read again and the write retried",
+            node_write_conflicts.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica is the elected leader (it writes the virtual Nodes)",
+            leader.clone(),
+        );
+        let auth_decisions = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "auth_decisions",
+            "Kubelet-port authentication and authorization outcomes by decision",
+            auth_decisions.clone(),
+        );
+        let leaf_connections = Family::<LeafConnectionLabels, Counter>::default();
+        registry.register(
+            "leaf_connections",
+            "Connections relayed calls took to a leaf apiserver, by leaf and source (spare: dialed ahead of the session; dialed: by the session)",
+            leaf_connections.clone(),
+        );
+        let counterpart_refusals = Family::<LeafConnectionLabels, Counter>::default();
+        registry.register(
+            "counterpart_refusals",
+            "Calls refused because the leaf pod did not prove to be the root pod's counterpart, by leaf and reason",
+            counterpart_refusals.clone(),
+        );
+        let orphan_checks = Counter::default();
+        registry.register(
+            "orphan_checks",
+            "Rounds in which the leader looked for this install's virtual Nodes whose leaf is gone",
+            orphan_checks.clone(),
+        );
+        let serving_cert_pending = Gauge::default();
+        registry.register(
+            "serving_certificate_csr_pending",
+            "1 while this replica's serving-certificate CSR waits for approval and signing (SERVING_CERT_MODE=csr)",
+            serving_cert_pending.clone(),
+        );
+        let serving_cert_issued = Counter::default();
+        registry.register(
+            "serving_certificates_issued",
+            "Serving certificates issued to this replica by kubernetes.io/kubelet-serving, the first and each renewal",
+            serving_cert_issued.clone(),
+        );
+        let serving_cert_expiry = Gauge::default();
+        registry.register(
+            "serving_certificate_expiration_timestamp_seconds",
+            "When the CSR-issued serving certificate expires, in Unix seconds (alert when it comes near)",
+            serving_cert_expiry.clone(),
+        );
+        let limit_refusals = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "limit_refusals",
+            "Connections and streams refused at a cap, by cap (connections, unauthenticated_connections, handshakes, sessions, log_streams)",
+            limit_refusals.clone(),
+        );
+        let csr_approver_decisions = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "csr_approver_decisions",
+            "The CSR approver's decisions on kubelet-serving CSRs made by relaylet's identity, by decision (approved, refused)",
+            csr_approver_decisions.clone(),
+        );
+        let leaf_secret_refusals = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "leaf_secret_refusals",
+            "Leaf Secrets refused and not registered, by reason (exec_plugin, token_file, node_name_taken, ...); the Secret's Warning Event says which",
+            leaf_secret_refusals.clone(),
+        );
+        let virtual_nodes_served = Gauge::default();
+        registry.register(
+            "virtual_nodes_served",
+            "Virtual nodes this replica writes now (each Node names its replica in relaylet.io/served-by; the root apiserver sends that node's sessions there)",
+            virtual_nodes_served.clone(),
+        );
+        let virtual_node_takeovers = Counter::default();
+        registry.register(
+            "virtual_node_takeovers",
+            "Virtual nodes this replica took over: created, taken from a replica gone, or handed back to it",
+            virtual_node_takeovers.clone(),
+        );
+        Metrics {
+            registry: Arc::new(registry),
+            virtual_nodes_served,
+            virtual_node_takeovers,
+            leaf_secret_refusals,
+            serving_cert_pending,
+            serving_cert_issued,
+            serving_cert_expiry,
+            csr_approver_decisions,
+            sessions_active,
+            sessions,
+            bytes,
+            upgrade_latency,
+            leaf_reachable,
+            root_reachable,
+            node_write_errors,
+            node_write_conflicts,
+            leader,
+            auth_decisions,
+            leaf_connections,
+            counterpart_refusals,
+            orphan_checks,
+            limit_refusals,
+        }
+    }
+
+    /// Counts one connection or stream refused at cap `cap` (see `limits::LimitError::cap`).
+    pub fn limit_refusal(&self, cap: &'static str) {
+        self.limit_refusals
+            .get_or_create(&[("cap", cap.to_string())])
+            .inc();
+    }
+
+    /// The counter of connections to `leaf` that came from `source` (`spare`: served by its spare
+    /// connection; `dialed`: dialled for the session).
+    pub fn leaf_connections(&self, leaf: &str, source: &'static str) -> Counter {
+        self.leaf_connections
+            .get_or_create(&[("leaf", leaf.to_string()), ("source", source.to_string())])
+            .clone()
+    }
+
+    /// The counter of bytes moving in `direction` (`to_leaf` or `to_client`).
+    pub fn bytes_counter(&self, direction: &'static str) -> Counter {
+        self.bytes
+            .get_or_create(&[("direction", direction.to_string())])
+            .clone()
+    }
+
+    /// Counts one authentication or authorization outcome.
+    pub fn auth_decision(&self, decision: &'static str) {
+        self.auth_decisions
+            .get_or_create(&[("decision", decision.to_string())])
+            .inc();
+    }
+
+    /// Counts one decision of the CSR approver (`approved`, `refused`).
+    pub fn csr_approver_decision(&self, decision: &'static str) {
+        self.csr_approver_decisions
+            .get_or_create(&[("decision", decision.to_string())])
+            .inc();
+    }
+
+    /// Counts one call refused for want of a proven leaf counterpart.
+    pub fn counterpart_refusal(&self, leaf: &str, reason: &'static str) {
+        self.counterpart_refusals
+            .get_or_create(&[("leaf", leaf.to_string()), ("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// Counts one refused leaf Secret.
+    pub fn leaf_secret_refusal(&self, reason: &'static str) {
+        self.leaf_secret_refusals
+            .get_or_create(&[("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// Counts one failed write of a virtual Node (`"node"`) or Lease (`"lease"`).
+    pub fn node_write_error(&self, kind: &'static str) {
+        self.node_write_errors
+            .get_or_create(&[("kind", kind.to_string())])
+            .inc();
+    }
+
+    /// Counts one write of a held virtual Node that found it changed (a 409).
+    pub fn node_write_conflict(&self) {
+        self.node_write_conflicts.inc();
+    }
+
+    /// The exposition text of every metric.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+
+    /// An HTTP answer carrying [`Metrics::encode`].
+    pub fn response(&self) -> axum::response::Response {
+        match self.encode() {
+            Ok(text) => {
+                let mut resp = axum::response::Response::new(axum::body::Body::from(text));
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(CONTENT_TYPE),
+                );
+                resp
+            }
+            Err(err) => crate::model::status::response(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("encoding metrics: {err}"),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_show_up_with_their_labels() {
+        let m = Metrics::new();
+        m.bytes_counter("to_leaf").inc_by(5);
+        m.auth_decision("denied");
+        m.sessions
+            .get_or_create(&[
+                ("kind", "exec".to_string()),
+                ("leaf", "leaf-1".to_string()),
+                ("result", "completed".to_string()),
+            ])
+            .inc();
+        let text = m.encode().unwrap();
+        assert!(text.contains("relaylet_relayed_bytes_total{direction=\"to_leaf\"} 5"));
+        assert!(text.contains("relaylet_auth_decisions_total{decision=\"denied\"} 1"));
+        assert!(text.contains(
+            "relaylet_sessions_total{kind=\"exec\",leaf=\"leaf-1\",result=\"completed\"} 1"
+        ));
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

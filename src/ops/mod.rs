@@ -1,0 +1,22 @@
+//! What every subsystem runs on, and what operators see of it.
+//!
+//! - Connections: `listener` (accepting until shutdown), `read_ahead` (large reads under TLS),
+//!   `api_client` (the kube client of ordinary calls to the root and to each leaf).
+//! - Caps: `limits` (connections, sessions and log streams against the configured caps),
+//!   `token_bucket` (the budget of work strangers can cause).
+//! - Lifecycle: `shutdown` (hand-over, drain, grace period), `memory` (freed memory given back).
+//! - Seen by operators: `metrics` (Prometheus), `health` (the operations port: `/metrics`,
+//!   `/livez`, `/readyz`), `telemetry` (log output).
+//!
+//! It uses only `config` and `model`.
+
+pub mod api_client;
+pub mod health;
+pub mod limits;
+pub mod listener;
+pub mod memory;
+pub mod metrics;
+pub mod read_ahead;
+pub mod shutdown;
+pub mod telemetry;
+pub mod token_bucket;
