@@ -101,6 +101,10 @@ pub struct Config {
     pub x509_allowed_users: Vec<String>,
     pub stream_idle_timeout: Duration,
     pub stream_creation_timeout: Duration,
+    /// How old a virtual node's `/stats/summary`, `/metrics/resource` and `/pods` answer may be
+    /// when it is served again (`NODE_STATS_CACHE_TTL`, default 5 s; metrics-server scrapes
+    /// every 15 s). Concurrent callers share one read whatever this is.
+    pub node_stats_cache_ttl: Duration,
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
     pub leader_elect: bool,
@@ -239,6 +243,7 @@ impl Config {
             vars.duration("STREAM_IDLE_TIMEOUT", Duration::from_secs(4 * 3600));
         let stream_creation_timeout =
             vars.duration("STREAM_CREATION_TIMEOUT", Duration::from_secs(30));
+        let node_stats_cache_ttl = vars.duration("NODE_STATS_CACHE_TTL", Duration::from_secs(5));
 
         let shutdown_grace_period = vars.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(30));
 
@@ -266,6 +271,7 @@ impl Config {
             x509_allowed_users,
             stream_idle_timeout,
             stream_creation_timeout,
+            node_stats_cache_ttl,
             pod_name: vars.get("POD_NAME"),
             pod_namespace: vars.get("POD_NAMESPACE"),
             leader_elect,

@@ -410,6 +410,7 @@ impl NodeServers {
             self.root.clone(),
             self.registry.clone(),
             self.config.leaf_pod_match.clone(),
+            self.config.node_stats_cache_ttl,
         ));
         // One authenticator for every port: one cache, and one budget of token reviews.
         let auth = Arc::new(auth::Authenticator::new(

@@ -30,6 +30,9 @@ const IDLE: &str = "2s";
 fn settings() -> Settings {
     Settings {
         env: BTreeMap::from([("STREAM_IDLE_TIMEOUT".to_string(), IDLE.to_string())]),
+        // leaf-3 (demo-3) for the test of sessions clients end, whose counts the others' would
+        // disturb.
+        leaves: vec!["leaf-1".into(), "leaf-2".into(), "leaf-3".into()],
         ..Settings::default()
     }
 }
@@ -275,4 +278,52 @@ fn a_session_the_leaf_ends_is_untouched_and_completed_whoever_closes_first() {
         sessions_total(e, "leaf-1", "completed"),
         completed_before + SESSIONS
     );
+}
+
+/// A WebSocket v4 client (fabric8, client-node, python) that ends its own session while the
+/// command still runs: its close frame goes to the leaf, the leaf's side then ends without an
+/// exit status, and that is the client's doing, not a lost leaf. The session counts
+/// `client_closed`, and relaylet writes no Failure Status to a client that has gone.
+#[test]
+fn a_websocket_client_that_ends_its_session_is_client_closed_and_sent_no_status() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let e = env(settings);
+    for protocol in [Protocol::V4, Protocol::V4Base64] {
+        let closed_before = sessions_total(e, "leaf-3", "client_closed");
+        let lost_before = sessions_total(e, "leaf-3", "leaf_lost");
+        let read = RT.block_on(async {
+            // Output every 0.2 s keeps the session clear of the 2 s idle timeout.
+            let mut socket = ws_exec::open(
+                e,
+                "demo-3",
+                "while true; do echo tick; sleep 0.2; done",
+                protocol,
+            )
+            .await;
+            // Running: the first output is in.
+            while let Some(message) = socket.next().await {
+                match message.expect("a message") {
+                    Message::Binary(data) if data.len() > 1 => break,
+                    Message::Text(data) if data.len() > 1 => break,
+                    _ => {}
+                }
+            }
+            socket.send(Message::Close(None)).await.expect("close");
+            ws_exec::read_all(socket, protocol, None).await
+        });
+        assert!(
+            read.error.is_empty(),
+            "{protocol:?}: a Status was written to a client that had closed: {:?}",
+            String::from_utf8_lossy(&read.error)
+        );
+        wait_for("the session counted client_closed", || {
+            sessions_total(e, "leaf-3", "client_closed") > closed_before
+        });
+        assert_eq!(
+            sessions_total(e, "leaf-3", "leaf_lost"),
+            lost_before,
+            "{protocol:?}: the client ended the session, the leaf was not lost"
+        );
+    }
 }

@@ -1,13 +1,14 @@
 //! New bearer tokens cost the root apiserver a TokenReview each, so strangers must not be able to
 //! make it review without bound: a refused token is remembered, and new tokens have a budget of
-//! reviews (past it, 429). A sandbox of its own: the flood drains the budget that other tests'
-//! tokens would need.
+//! reviews per source address (past it, 429), so a flood from one address never refuses another
+//! address's valid token. A sandbox of its own: the floods drain budgets.
 
 use relaylet_dev::testkit as support;
 
 use std::time::Duration;
 
 use relaylet_dev::sandbox::Settings;
+use relaylet_sim::apiserver::UserInfo;
 use support::{Env, RT, env};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -20,8 +21,47 @@ const PER_TASK: u64 = 30;
 /// Only turns a hang into a failure; nothing is measured against it.
 const HANG: Duration = Duration::from_secs(60);
 
+/// Valid tokens of a scraper (metrics-server, Prometheus) that another address sends.
+const SCRAPER_TOKENS: usize = 5;
+
+fn scraper_token(i: usize) -> String {
+    format!("scraper-token-{i}")
+}
+
+fn settings() -> Settings {
+    Settings {
+        root_tokens: (0..SCRAPER_TOKENS)
+            .map(|i| {
+                (
+                    scraper_token(i),
+                    UserInfo::new(
+                        "system:serviceaccount:monitoring:scraper",
+                        &["system:masters"],
+                    ),
+                )
+            })
+            .collect(),
+        ..Settings::default()
+    }
+}
+
+/// The tests count the root's TokenReviews and drain budgets: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A connection to relaylet's kubelet API from 127.0.0.1.
 async fn connect(e: &Env) -> std::io::Result<TlsStream<TcpStream>> {
     e.connect_kubelet_api(None).await
+}
+
+/// A connection to relaylet's kubelet API from `source` (another loopback address).
+async fn connect_from(e: &Env, source: std::net::IpAddr) -> std::io::Result<TlsStream<TcpStream>> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(source, 0))?;
+    let tcp = socket.connect(e.sandbox.relaylet.addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("server name");
+    tokio_rustls::TlsConnector::from(e.kubelet_api_tls(None))
+        .connect(name, tcp)
+        .await
 }
 
 fn get(path: &str, extra: &str) -> String {
@@ -67,7 +107,8 @@ fn assert_status(answer: &str, code: u16, reason: &str, message: &str) {
 /// of a flood of TokenReviews at the root apiserver.
 #[test]
 fn made_up_tokens_cost_the_root_apiserver_few_reviews() {
-    let e = env(Settings::default);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let e = env(settings);
     let reviews = || {
         e.sandbox
             .root
@@ -105,7 +146,7 @@ fn made_up_tokens_cost_the_root_apiserver_few_reviews() {
                                 &body,
                                 429,
                                 "TooManyRequests",
-                                "too many new bearer tokens to review (more than 20 a second); try again later",
+                                "too many new bearer tokens from 127.0.0.1 to review (more than 20 a second); try again later",
                             );
                         } else {
                             assert_eq!(code, 401, "{body}");
@@ -128,5 +169,74 @@ fn made_up_tokens_cost_the_root_apiserver_few_reviews() {
             TASKS * PER_TASK,
             "every token not throttled cost exactly one review"
         );
+    });
+}
+
+/// A flood of made-up tokens from one address takes that address's budget, never another's:
+/// while 127.0.0.1 is being refused, a scraper at 127.0.0.2 presenting new valid tokens is
+/// served each one.
+#[test]
+fn a_token_flood_from_one_address_never_refuses_another_addresss_valid_token() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let e = env(settings);
+    static THROTTLED: AtomicBool = AtomicBool::new(false);
+    static DONE: AtomicBool = AtomicBool::new(false);
+    RT.block_on(async {
+        let flood: Vec<_> = (0..TASKS)
+            .map(|task| {
+                tokio::spawn(async move {
+                    let mut i = 0;
+                    while !DONE.load(Ordering::Relaxed) {
+                        i += 1;
+                        let Ok(mut tls) = connect(e).await else {
+                            continue;
+                        };
+                        let token = format!("flood-{task}-{i}");
+                        let (code, _) = request(
+                            &mut tls,
+                            &get("/healthz", &format!("Authorization: Bearer {token}\r\n")),
+                        )
+                        .await;
+                        if code == 429 {
+                            THROTTLED.store(true, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        tokio::time::timeout(HANG, async {
+            while !THROTTLED.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the flood is refused");
+        let scraper: std::net::IpAddr = [127, 0, 0, 2].into();
+        let mut codes = Vec::new();
+        for i in 0..SCRAPER_TOKENS {
+            let mut tls = connect_from(e, scraper)
+                .await
+                .expect("connect from 127.0.0.2");
+            let (code, body) = request(
+                &mut tls,
+                &get(
+                    "/healthz",
+                    &format!("Authorization: Bearer {}\r\n", scraper_token(i)),
+                ),
+            )
+            .await;
+            codes.push((code, body));
+        }
+        DONE.store(true, Ordering::Relaxed);
+        for task in flood {
+            task.await.unwrap();
+        }
+        for (i, (code, body)) in codes.iter().enumerate() {
+            assert_eq!(
+                *code, 200,
+                "the scraper's new token {i} during the flood: {body}"
+            );
+        }
     });
 }

@@ -36,6 +36,11 @@ fn settings() -> Settings {
         pods: vec![("leaf-1".into(), worker())],
         // The test writes the leaves' metrics.k8s.io itself.
         metrics_resolution: None,
+        // and reads each new sample at once: no answer served again past a millisecond.
+        env: std::collections::BTreeMap::from([(
+            "NODE_STATS_CACHE_TTL".to_string(),
+            "1ms".to_string(),
+        )]),
         ..Settings::default()
     }
 }

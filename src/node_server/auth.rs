@@ -13,14 +13,19 @@
 //!   so the CA alone says nothing about who may run commands); no review calls.
 //! - `AUTH_MODE=none`: anyone; for local sandboxes only, and said loudly.
 //!
-//! Decisions are cached like the kubelet's webhook caches (tokens 2 min, refused tokens too,
-//! allowed 5 min, denied 30 s), in one cache for every port. Tokens not in the cache cost a
-//! TokenReview each, so those are rate-limited: a flood of made-up tokens gets 429s, not a flood
-//! of reviews at the root apiserver. Tokens are never logged and never kept: cache keys are
-//! their SHA-256. A certificate with more than one common name is refused (Go's x509 reads the
+//! Decisions are cached like the kubelet's webhook caches (tokens 2 min, allowed 5 min, denied
+//! 30 s), in caches shared by every port, each bounded and evicting its least recently used
+//! entry (never cleared whole). Refused tokens are remembered 30 s in a cache of their own, so a
+//! flood of made-up tokens churns only that one and never pushes a valid token out. Tokens not
+//! in a cache cost a TokenReview each, so those are budgeted per source address (a burst, then
+//! a rate) under a larger budget for all sources together: a flood of made-up tokens from one
+//! address gets 429s, never a flood of reviews at the root apiserver, and never takes the
+//! budget of another address's valid token (metrics-server's, Prometheus'). Tokens are never
+//! logged and never kept: cache keys are their SHA-256. A certificate with more than one common name is refused (Go's x509 reads the
 //! last, other parsers the first: two readers must never see two users).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -40,13 +45,20 @@ use crate::ops::token_bucket::TokenBucket;
 const AUTHENTICATED_GROUP: &str = "system:authenticated";
 
 const TOKEN_TTL: Duration = Duration::from_secs(120);
+const REFUSED_TOKEN_TTL: Duration = Duration::from_secs(30);
 const ALLOWED_TTL: Duration = Duration::from_secs(300);
 const DENIED_TTL: Duration = Duration::from_secs(30);
-/// TokenReviews of tokens not in the cache: a burst of this many, then this many a second.
+/// TokenReviews of tokens not in a cache, from one source address: a burst of this many, then
+/// this many a second.
 const REVIEW_BURST: f64 = 50.0;
 const REVIEWS_PER_SECOND: f64 = 20.0;
-/// Past this many entries a cache is cleared rather than grown: a bound against floods of
-/// distinct tokens.
+/// The same for all sources together: what the root apiserver is asked at most.
+const ALL_REVIEW_BURST: f64 = 200.0;
+const ALL_REVIEWS_PER_SECOND: f64 = 100.0;
+/// Source addresses with a budget of their own; past it, full (idle) budgets are forgotten,
+/// which only ever gives a source its whole burst back.
+const SOURCES_LIMIT: usize = 4096;
+/// Entries a cache holds; past it, the least recently used goes.
 const CACHE_LIMIT: usize = 10_000;
 
 /// A caller the node server has identified.
@@ -95,11 +107,16 @@ pub enum AuthError {
         "user {user:?} is not allowed: AUTH_MODE=x509 serves only the users in X509_ALLOWED_USERS"
     )]
     NotAllowed { user: String },
-    /// 429: too many new tokens to review.
+    /// 429: too many new tokens to review from one address.
     #[error(
-        "too many new bearer tokens to review (more than {REVIEWS_PER_SECOND} a second); try again later"
+        "too many new bearer tokens from {0} to review (more than {REVIEWS_PER_SECOND} a second); try again later"
     )]
-    Throttled,
+    Throttled(IpAddr),
+    /// 429: too many new tokens to review from all addresses together.
+    #[error(
+        "too many new bearer tokens to review (more than {ALL_REVIEWS_PER_SECOND} a second from all callers); try again later"
+    )]
+    ThrottledAll,
     /// 503: the root cluster could not answer a review.
     #[error("cannot check access with the root cluster: {0}")]
     Unavailable(String),
@@ -112,7 +129,9 @@ impl AuthError {
             AuthError::Forbidden { .. } | AuthError::NotAllowed { .. } => {
                 http::StatusCode::FORBIDDEN
             }
-            AuthError::Throttled => http::StatusCode::TOO_MANY_REQUESTS,
+            AuthError::Throttled(_) | AuthError::ThrottledAll => {
+                http::StatusCode::TOO_MANY_REQUESTS
+            }
             AuthError::Unavailable(_) => http::StatusCode::SERVICE_UNAVAILABLE,
             _ => http::StatusCode::UNAUTHORIZED,
         }
@@ -212,9 +231,49 @@ pub struct Authenticator {
     root: Option<Client>,
     /// `AUTH_MODE=x509`: the users (certificate CNs) that may call.
     x509_allowed: BTreeSet<String>,
-    tokens: Cache<[u8; 32], Option<Caller>>,
+    tokens: Cache<[u8; 32], Caller>,
+    refused: Cache<[u8; 32], ()>,
     decisions: Cache<(Caller, Access), bool>,
-    reviews: Mutex<TokenBucket>,
+    reviews: Mutex<Budgets>,
+}
+
+/// The budgets of TokenReviews: one per source address, and one for all.
+struct Budgets {
+    all: TokenBucket,
+    sources: HashMap<IpAddr, TokenBucket>,
+}
+
+impl Budgets {
+    fn new() -> Budgets {
+        Budgets {
+            all: TokenBucket::full(ALL_REVIEW_BURST),
+            sources: HashMap::new(),
+        }
+    }
+
+    /// Takes one review from `source`'s budget and the shared one.
+    fn take(&mut self, source: IpAddr) -> Result<(), AuthError> {
+        if !self.sources.contains_key(&source) && self.sources.len() >= SOURCES_LIMIT {
+            self.sources
+                .retain(|_, bucket| !bucket.is_full(REVIEWS_PER_SECOND, REVIEW_BURST));
+            if self.sources.len() >= SOURCES_LIMIT {
+                // Every one spent its burst: forgetting them only gives bursts back, and the
+                // shared budget still bounds what the root apiserver is asked.
+                self.sources.clear();
+            }
+        }
+        let own = self
+            .sources
+            .entry(source)
+            .or_insert_with(|| TokenBucket::full(REVIEW_BURST));
+        if !own.take(REVIEWS_PER_SECOND, REVIEW_BURST) {
+            return Err(AuthError::Throttled(source));
+        }
+        if !self.all.take(ALL_REVIEWS_PER_SECOND, ALL_REVIEW_BURST) {
+            return Err(AuthError::ThrottledAll);
+        }
+        Ok(())
+    }
 }
 
 impl Authenticator {
@@ -230,8 +289,9 @@ impl Authenticator {
             root,
             x509_allowed: x509_allowed.into_iter().collect(),
             tokens: Cache::default(),
+            refused: Cache::default(),
             decisions: Cache::default(),
-            reviews: Mutex::new(TokenBucket::full(REVIEW_BURST)),
+            reviews: Mutex::new(Budgets::new()),
         }
     }
 
@@ -239,11 +299,13 @@ impl Authenticator {
         self.mode
     }
 
-    /// Identifies a caller from its verified client certificate or its bearer token.
+    /// Identifies a caller from its verified client certificate or its bearer token; `source`
+    /// is the address the request came from (whose budget a new token's review takes).
     pub async fn authenticate(
         &self,
         cert: Option<&CertificateDer<'_>>,
         headers: &http::HeaderMap,
+        source: IpAddr,
     ) -> Result<Caller, AuthError> {
         if let Some(cert) = cert {
             return caller_from_cert(cert);
@@ -255,7 +317,7 @@ impl Authenticator {
             )),
             AuthMode::X509 => Err(AuthError::NoCredentials(false)),
             AuthMode::Webhook => match bearer_token(headers) {
-                Some(token) => self.review_token(token).await,
+                Some(token) => self.review_token(token, source).await,
                 None => Err(AuthError::NoCredentials(true)),
             },
         }
@@ -309,51 +371,55 @@ impl Authenticator {
             .ok_or_else(|| AuthError::Unavailable("no root cluster client".to_string()))
     }
 
-    async fn review_token(&self, token: &str) -> Result<Caller, AuthError> {
+    async fn review_token(&self, token: &str, source: IpAddr) -> Result<Caller, AuthError> {
         let key: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
             .as_ref()
             .try_into()
             .map_err(|_| AuthError::Unavailable("hashing the token".to_string()))?;
-        let known = match self.tokens.get(&key) {
-            Some(known) => known,
-            None => {
-                if !self
-                    .reviews
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take(REVIEWS_PER_SECOND, REVIEW_BURST)
-                {
-                    return Err(AuthError::Throttled);
-                }
-                let review = TokenReview {
-                    spec: TokenReviewSpec {
-                        token: Some(token.to_string()),
-                        audiences: None,
-                    },
-                    ..Default::default()
-                };
-                let api: Api<TokenReview> = Api::all(self.root()?);
-                let answer = api
-                    .create(&PostParams::default(), &review)
-                    .await
-                    .map_err(|e| AuthError::Unavailable(format!("TokenReview: {e}")))?;
-                let caller = answer
-                    .status
-                    .filter(|s| s.authenticated == Some(true))
-                    .and_then(|s| s.user)
-                    .and_then(|u| {
-                        Some(Caller {
-                            user: u.username.filter(|n| !n.is_empty())?,
-                            uid: u.uid,
-                            groups: u.groups.unwrap_or_default(),
-                            extra: u.extra.unwrap_or_default(),
-                        })
-                    });
-                self.tokens.put(key, caller.clone(), TOKEN_TTL);
-                caller
-            }
+        if let Some(caller) = self.tokens.get(&key) {
+            return Ok(caller);
+        }
+        if self.refused.get(&key).is_some() {
+            return Err(AuthError::BadToken);
+        }
+        self.reviews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(source)?;
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: None,
+            },
+            ..Default::default()
         };
-        known.ok_or(AuthError::BadToken)
+        let api: Api<TokenReview> = Api::all(self.root()?);
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| AuthError::Unavailable(format!("TokenReview: {e}")))?;
+        let caller = answer
+            .status
+            .filter(|s| s.authenticated == Some(true))
+            .and_then(|s| s.user)
+            .and_then(|u| {
+                Some(Caller {
+                    user: u.username.filter(|n| !n.is_empty())?,
+                    uid: u.uid,
+                    groups: u.groups.unwrap_or_default(),
+                    extra: u.extra.unwrap_or_default(),
+                })
+            });
+        match caller {
+            Some(caller) => {
+                self.tokens.put(key, caller.clone(), TOKEN_TTL);
+                Ok(caller)
+            }
+            None => {
+                self.refused.put(key, (), REFUSED_TOKEN_TTL);
+                Err(AuthError::BadToken)
+            }
+        }
     }
 
     async fn review_access(&self, caller: &Caller, access: &Access) -> Result<bool, AuthError> {
@@ -426,44 +492,115 @@ pub fn caller_from_cert(der: &CertificateDer<'_>) -> Result<Caller, AuthError> {
     })
 }
 
-/// A small expiring map, bounded in size.
+/// A small expiring map, bounded in size: past [`CACHE_LIMIT`] entries the least recently used
+/// one goes (expired ones first).
 struct Cache<K, V> {
-    entries: Mutex<HashMap<K, (V, Instant)>>,
+    inner: Mutex<Lru<K, V>>,
+}
+
+struct Lru<K, V> {
+    /// Each entry's value, expiry and place in `order`.
+    entries: HashMap<K, (V, Instant, u64)>,
+    /// Entries by last use, oldest first.
+    order: BTreeMap<u64, K>,
+    next: u64,
 }
 
 impl<K, V> Default for Cache<K, V> {
     fn default() -> Self {
         Cache {
-            entries: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Lru {
+                entries: HashMap::new(),
+                order: BTreeMap::new(),
+                next: 0,
+            }),
         }
     }
 }
 
-impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> Cache<K, V> {
     fn get(&self, key: &K) -> Option<V> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries
-            .get(key)
-            .filter(|(_, expires)| *expires > Instant::now())
-            .map(|(v, _)| v.clone())
+        let mut lru = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let stamp = lru.next;
+        let (value, expires, used) = lru.entries.get_mut(key)?;
+        if *expires <= Instant::now() {
+            return None;
+        }
+        let (value, old) = (value.clone(), std::mem::replace(used, stamp));
+        lru.next += 1;
+        lru.order.remove(&old);
+        lru.order.insert(stamp, key.clone());
+        Some(value)
     }
 
     fn put(&self, key: K, value: V, ttl: Duration) {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= CACHE_LIMIT {
+        let mut lru = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let stamp = lru.next;
+        lru.next += 1;
+        if let Some((_, _, old)) = lru.entries.remove(&key) {
+            lru.order.remove(&old);
+        }
+        if lru.entries.len() >= CACHE_LIMIT {
             let now = Instant::now();
-            entries.retain(|_, (_, expires)| *expires > now);
-            if entries.len() >= CACHE_LIMIT {
-                entries.clear();
+            let expired: Vec<(K, u64)> = lru
+                .entries
+                .iter()
+                .filter(|(_, (_, expires, _))| *expires <= now)
+                .map(|(k, (_, _, used))| (k.clone(), *used))
+                .collect();
+            for (k, used) in expired {
+                lru.entries.remove(&k);
+                lru.order.remove(&used);
+            }
+            while lru.entries.len() >= CACHE_LIMIT {
+                let Some((_, oldest)) = lru.order.pop_first() else {
+                    break;
+                };
+                lru.entries.remove(&oldest);
             }
         }
-        entries.insert(key, (value, Instant::now() + ttl));
+        lru.order.insert(stamp, key.clone());
+        lru.entries
+            .insert(key, (value, Instant::now() + ttl, stamp));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn one_source_spending_its_reviews_leaves_the_others_theirs() {
+        let mut budgets = Budgets::new();
+        let (flood, other) = (LOOPBACK, IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 7)));
+        let granted = (0..1000).filter(|_| budgets.take(flood).is_ok()).count();
+        assert!(
+            (50..60).contains(&granted),
+            "{granted}: the burst, little more"
+        );
+        assert!(matches!(budgets.take(flood), Err(AuthError::Throttled(ip)) if ip == flood));
+        for _ in 0..50 {
+            assert!(
+                budgets.take(other).is_ok(),
+                "another source's burst is whole"
+            );
+        }
+    }
+
+    #[test]
+    fn all_sources_together_are_bounded_too() {
+        let mut budgets = Budgets::new();
+        let granted = (0..1000u32)
+            .filter(|i| {
+                budgets
+                    .take(IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)))
+                    .is_ok()
+            })
+            .count();
+        assert!((200..220).contains(&granted), "{granted}");
+    }
 
     #[test]
     fn streaming_calls_always_need_create() {
@@ -532,17 +669,20 @@ mod tests {
         let headers = http::HeaderMap::new();
         let none = Authenticator::new(AuthMode::None, None, []);
         assert_eq!(
-            none.authenticate(None, &headers).await.unwrap().user,
+            none.authenticate(None, &headers, LOOPBACK)
+                .await
+                .unwrap()
+                .user,
             "system:anonymous"
         );
         let x509 = Authenticator::new(AuthMode::X509, None, []);
         assert_eq!(
-            x509.authenticate(None, &headers).await,
+            x509.authenticate(None, &headers, LOOPBACK).await,
             Err(AuthError::NoCredentials(false))
         );
         let webhook = Authenticator::new(AuthMode::Webhook, None, []);
         assert_eq!(
-            webhook.authenticate(None, &headers).await,
+            webhook.authenticate(None, &headers, LOOPBACK).await,
             Err(AuthError::NoCredentials(true))
         );
     }
@@ -609,9 +749,16 @@ mod tests {
         cache.put(2, false, Duration::ZERO);
         assert_eq!(cache.get(&1), Some(true));
         assert_eq!(cache.get(&2), None);
-        for i in 0..(CACHE_LIMIT as u32 + 10) {
+        for i in 3..(CACHE_LIMIT as u32 + 500) {
             cache.put(i, true, Duration::from_secs(60));
+            // Used all along: never the least recently used.
+            assert_eq!(cache.get(&1), Some(true), "after {i}");
         }
-        assert!(cache.entries.lock().unwrap().len() <= CACHE_LIMIT);
+        let lru = cache.inner.lock().unwrap();
+        assert!(lru.entries.len() <= CACHE_LIMIT);
+        assert_eq!(lru.entries.len(), lru.order.len());
+        drop(lru);
+        assert_eq!(cache.get(&3), None, "the least recently used went");
+        assert_eq!(cache.get(&(CACHE_LIMIT as u32 + 499)), Some(true));
     }
 }

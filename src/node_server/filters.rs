@@ -32,9 +32,13 @@ pub(super) async fn authenticate(
         .get::<PeerCert>()
         .cloned()
         .unwrap_or_default();
+    let source = req
+        .extensions()
+        .get::<std::net::SocketAddr>()
+        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |peer| peer.ip());
     let caller = match server
         .auth
-        .authenticate(cert.0.as_deref(), req.headers())
+        .authenticate(cert.0.as_deref(), req.headers(), source)
         .await
     {
         Ok(caller) => caller,
@@ -84,7 +88,9 @@ impl NodeServer {
     fn auth_refusal(&self, err: AuthError) -> Refusal {
         self.metrics.auth_decision(match err {
             AuthError::Forbidden { .. } | AuthError::NotAllowed { .. } => "denied",
-            AuthError::Unavailable(_) | AuthError::Throttled => "error",
+            AuthError::Unavailable(_) | AuthError::Throttled(_) | AuthError::ThrottledAll => {
+                "error"
+            }
             _ => "unauthenticated",
         });
         Refusal::new(err.status(), err.to_string())

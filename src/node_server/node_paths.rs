@@ -155,7 +155,7 @@ pub(super) async fn pods(
         "kind": "PodList",
         "apiVersion": "v1",
         "metadata": {},
-        "items": items,
+        "items": &*items,
     }))
     .into_response())
 }

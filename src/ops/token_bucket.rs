@@ -17,6 +17,11 @@ impl TokenBucket {
         }
     }
 
+    /// Whether the bucket has refilled to `burst` (it is as good as a new one).
+    pub fn is_full(&self, rate: f64, burst: f64) -> bool {
+        self.tokens + self.at.elapsed().as_secs_f64() * rate >= burst
+    }
+
     /// Takes one token if there is one.
     pub fn take(&mut self, rate: f64, burst: f64) -> bool {
         let now = Instant::now();

@@ -319,6 +319,12 @@ where
                 if let Some(err) = &err {
                     tracing::debug!(%err, "the leaf's side ended with an error");
                 }
+                if self.frames.client_closed() && !self.frames.leaf_finished() {
+                    // The caller ended the session (a WebSocket close frame) and the leaf's
+                    // side followed: nothing was lost, and the caller is not written to.
+                    close_cleanly(&mut self.client.io, tokio::time::sleep(WRITE_ENDING)).await;
+                    return (End::ClientClosed, Closing::Clean);
+                }
                 if !self.frames.tracked() || self.frames.leaf_finished() {
                     // The leaf finished: everything it sent has been written to the caller.
                     let until = async {
@@ -342,6 +348,11 @@ where
                     // The leaf's answer went through; only the teardown was left.
                     close_cleanly(&mut self.client.io, tokio::time::sleep(WRITE_ENDING)).await;
                     return (End::Completed, Closing::Clean);
+                }
+                if self.frames.client_closed() {
+                    // The caller had already ended the session: it is owed nothing.
+                    close_cleanly(&mut self.client.io, tokio::time::sleep(WRITE_ENDING)).await;
+                    return (End::ClientClosed, Closing::Clean);
                 }
                 if !self.frames.tracked() {
                     tracing::debug!(

@@ -19,15 +19,20 @@
 //! `kubectl top`.
 
 pub mod encode;
+mod reuse;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
+use kube::api::{ListParams, ObjectList};
 use kube::{Api, Client};
 use serde::Deserialize;
+use tokio::sync::Semaphore;
+
+use reuse::Reuse;
 
 use crate::leaf::{Leaf, Registry};
 use crate::model::counterpart::LeafPodMatch;
@@ -38,6 +43,11 @@ use crate::routing::proof::{self as counterpart, LeafPod, RootPod};
 /// text's seconds to whole nanoseconds (a kubelet's counter is never 0: starting a process
 /// takes CPU).
 pub const LEAST_CPU_SECONDS: f64 = 1e-6;
+/// Items per page of every LIST a node-level read makes (client-go's pager default).
+const PAGE: u32 = 500;
+/// Node-level reads computed at once, over all nodes: what a flood of scrapes can make relaylet
+/// ask of the root and the leaves at one time.
+const CONCURRENT_READS: usize = 4;
 
 /// Why a node's stats could not be gathered.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +74,8 @@ pub enum StatsError {
         #[source]
         source: kube::Error,
     },
+    #[error("relaylet is shutting down")]
+    Closed,
 }
 
 /// One container's usage, as relaylet exports it.
@@ -128,13 +140,33 @@ pub struct NodeStats {
     registry: Registry,
     rule: LeafPodMatch,
     counters: Mutex<Counters>,
+    /// How old an answer may be when it is served again (`NODE_STATS_CACHE_TTL`).
+    max_age: Duration,
+    /// Each registered node's latest answers.
+    latest: Mutex<HashMap<String, Arc<Latest>>>,
+    reads: Semaphore,
+}
+
+/// One node's latest answers.
+#[derive(Default)]
+struct Latest {
+    usage: Reuse<NodeUsage>,
+    pods: Reuse<Vec<Pod>>,
 }
 
 /// `metrics.k8s.io/v1beta1` PodMetrics, the fields relaylet reads.
 #[derive(Deserialize)]
 struct PodMetricsList {
     #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
     items: Vec<PodMetrics>,
+}
+
+#[derive(Deserialize, Default)]
+struct ListMeta {
+    #[serde(default, rename = "continue")]
+    continue_: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -162,40 +194,84 @@ struct ContainerMetrics {
 }
 
 impl NodeStats {
-    /// `rule` proves leaf pods to be root pods' counterparts (`LEAF_POD_MATCH`).
-    pub fn new(root: Client, registry: Registry, rule: LeafPodMatch) -> NodeStats {
+    /// `rule` proves leaf pods to be root pods' counterparts (`LEAF_POD_MATCH`); answers are
+    /// served again while younger than `max_age`.
+    pub fn new(
+        root: Client,
+        registry: Registry,
+        rule: LeafPodMatch,
+        max_age: Duration,
+    ) -> NodeStats {
         NodeStats {
             root,
             registry,
             rule,
             counters: Mutex::new(Counters::default()),
+            max_age,
+            latest: Mutex::new(HashMap::new()),
+            reads: Semaphore::new(CONCURRENT_READS),
         }
     }
 
-    /// The root pods bound to `node`.
-    pub async fn pods(&self, node: &str) -> Result<Vec<Pod>, StatsError> {
-        let api: Api<Pod> = Api::all(self.root.clone());
-        let list = api
-            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-            .await
-            .map_err(|source| StatsError::RootPods {
-                node: node.to_string(),
-                source,
-            })?;
-        Ok(list.items)
-    }
-
-    /// The usage of `node`'s pods, measured by its leaf.
-    pub async fn usage(&self, node: &str) -> Result<NodeUsage, StatsError> {
+    /// `node`'s latest answers, if it is a registered virtual node. Nodes that are gone are
+    /// forgotten here, so this stays as large as the registry.
+    fn latest(&self, node: &str) -> Result<(Arc<Leaf>, Arc<Latest>), StatsError> {
         let leaf = self
             .registry
             .by_node(node)
             .ok_or_else(|| StatsError::NoLeaf(node.to_string()))?;
-        let pods = self.pods(node).await?;
-        let proven = self.counterparts(&leaf, &pods).await?;
-        let metrics = leaf_pod_metrics(&leaf).await?;
-        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(counters.combine(node, &proven, metrics, Timestamp::now()))
+        let mut all = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        if !all.contains_key(node) {
+            all.retain(|name, _| self.registry.by_node(name).is_some());
+        }
+        let latest = all.entry(node.to_string()).or_default().clone();
+        Ok((leaf, latest))
+    }
+
+    /// The root pods bound to `node`.
+    pub async fn pods(&self, node: &str) -> Result<Arc<Vec<Pod>>, StatsError> {
+        let (_, latest) = self.latest(node)?;
+        latest
+            .pods
+            .get(self.max_age, async {
+                let _permit = self.reads.acquire().await.map_err(|_| StatsError::Closed)?;
+                self.root_pods(node).await
+            })
+            .await
+    }
+
+    /// The usage of `node`'s pods, measured by its leaf.
+    pub async fn usage(&self, node: &str) -> Result<Arc<NodeUsage>, StatsError> {
+        let (leaf, latest) = self.latest(node)?;
+        latest
+            .usage
+            .get(self.max_age, async {
+                let _permit = self.reads.acquire().await.map_err(|_| StatsError::Closed)?;
+                let pods = self.root_pods(node).await?;
+                let proven = self.counterparts(&leaf, &pods).await?;
+                let metrics = leaf_pod_metrics(&leaf).await?;
+                let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(counters.combine(node, &proven, metrics, Timestamp::now()))
+            })
+            .await
+    }
+
+    /// The root pods bound to `node`, listed in pages.
+    async fn root_pods(&self, node: &str) -> Result<Vec<Pod>, StatsError> {
+        let api: Api<Pod> = Api::all(self.root.clone());
+        let params = ListParams::default()
+            .fields(&format!("spec.nodeName={node}"))
+            .limit(PAGE);
+        paged(|token| {
+            let params = continued(&params, token);
+            let api = api.clone();
+            async move { api.list(&params).await }
+        })
+        .await
+        .map_err(|source| StatsError::RootPods {
+            node: node.to_string(),
+            source,
+        })
     }
 
     /// The root pods whose leaf counterparts prove to be theirs, with those leaf pods: one list
@@ -216,20 +292,22 @@ impl NodeStats {
         if self.rule == LeafPodMatch::Name {
             return Ok(targets.map(|(pod, _, target)| (pod, target)).collect());
         }
-        let mut params = ListParams::default();
+        let mut params = ListParams::default().limit(PAGE);
         if let LeafPodMatch::Label { key, value } = &self.rule {
             params = params.labels(&format!("{key}={value}"));
         }
         let api: Api<Pod> = Api::all(leaf.client.clone());
-        let listed = api
-            .list_metadata(&params)
-            .await
-            .map_err(|source| StatsError::LeafPods {
-                leaf: leaf.name.clone(),
-                source,
-            })?;
+        let listed = paged(|token| {
+            let params = continued(&params, token);
+            let api = api.clone();
+            async move { api.list_metadata(&params).await }
+        })
+        .await
+        .map_err(|source| StatsError::LeafPods {
+            leaf: leaf.name.clone(),
+            source,
+        })?;
         let leaf_pods: HashMap<(String, String), _> = listed
-            .items
             .into_iter()
             .filter_map(|p| {
                 let key = (p.metadata.namespace.clone()?, p.metadata.name.clone()?);
@@ -369,27 +447,66 @@ fn container_start(pod: &Pod, container: &str) -> Option<Timestamp> {
         .map(|t| t.0)
 }
 
-/// Every PodMetrics the leaf has (one call; filtered by the caller).
+/// `params` for the page after `token` (the first page without one).
+fn continued(params: &ListParams, token: Option<String>) -> ListParams {
+    match token {
+        Some(token) => params.clone().continue_token(&token),
+        None => params.clone(),
+    }
+}
+
+/// Every item of a LIST, read page by page: `page` reads the page after a continue token.
+async fn paged<T, F, P>(mut page: P) -> Result<Vec<T>, kube::Error>
+where
+    T: Clone,
+    P: FnMut(Option<String>) -> F,
+    F: Future<Output = Result<ObjectList<T>, kube::Error>>,
+{
+    let mut items = Vec::new();
+    let mut token = None;
+    loop {
+        let list = page(token.take()).await?;
+        items.extend(list.items);
+        match list.metadata.continue_ {
+            Some(next) if !next.is_empty() => token = Some(next),
+            _ => return Ok(items),
+        }
+    }
+}
+
+/// Every PodMetrics the leaf has, in pages (filtered by the caller).
 async fn leaf_pod_metrics(leaf: &Leaf) -> Result<Vec<PodMetrics>, StatsError> {
-    let req = http::Request::get("/apis/metrics.k8s.io/v1beta1/pods")
-        .body(Vec::new())
-        .map_err(|e| StatsError::BadMetrics {
-            leaf: leaf.name.clone(),
-            message: e.to_string(),
-        })?;
-    let text = leaf
-        .client
-        .request_text(req)
-        .await
-        .map_err(|source| StatsError::LeafMetrics {
-            leaf: leaf.name.clone(),
-            source,
-        })?;
-    let list: PodMetricsList = serde_json::from_str(&text).map_err(|e| StatsError::BadMetrics {
+    let bad = |message: String| StatsError::BadMetrics {
         leaf: leaf.name.clone(),
-        message: e.to_string(),
-    })?;
-    Ok(list.items)
+        message,
+    };
+    let mut items = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut uri = format!("/apis/metrics.k8s.io/v1beta1/pods?limit={PAGE}");
+        if let Some(token) = token.take() {
+            let token: String = form_urlencoded::byte_serialize(token.as_bytes()).collect();
+            uri.push_str("&continue=");
+            uri.push_str(&token);
+        }
+        let req = http::Request::get(uri)
+            .body(Vec::new())
+            .map_err(|e| bad(e.to_string()))?;
+        let text =
+            leaf.client
+                .request_text(req)
+                .await
+                .map_err(|source| StatsError::LeafMetrics {
+                    leaf: leaf.name.clone(),
+                    source,
+                })?;
+        let list: PodMetricsList = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        items.extend(list.items);
+        match list.metadata.continue_ {
+            Some(next) if !next.is_empty() => token = Some(next),
+            _ => return Ok(items),
+        }
+    }
 }
 
 /// Seconds in a Go duration string (`30s`, `1m0.5s`, `150ms`), as metrics.k8s.io writes windows.

@@ -31,7 +31,7 @@ pub use exit_status::{CannotEnd, Ending, StatusFormat};
 
 use crate::model::kubelet_request::Kind;
 use spdy::{ClientSpdy, LeafSpdy, Learned};
-use websocket::LeafWebSocket;
+use websocket::{ClientWebSocket, LeafWebSocket};
 
 /// The streaming protocol of an exec or attach session that relaylet can end honestly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +109,7 @@ enum Tracking {
         status: StatusFormat,
     },
     WebSocket {
+        client: ClientWebSocket,
         leaf: LeafWebSocket,
         status: StatusFormat,
     },
@@ -125,6 +126,7 @@ impl Frames {
                 status,
             },
             Some(Protocol::WebSocket { base64, status }) => Tracking::WebSocket {
+                client: ClientWebSocket::default(),
                 leaf: LeafWebSocket::new(base64),
                 status,
             },
@@ -148,7 +150,9 @@ impl Frames {
                 ClientFrames::Spdy(client, error_stream),
                 LeafFrames::Spdy(leaf, error_stream),
             ),
-            Tracking::WebSocket { leaf, .. } => (ClientFrames::Off, LeafFrames::WebSocket(leaf)),
+            Tracking::WebSocket { client, leaf, .. } => {
+                (ClientFrames::WebSocket(client), LeafFrames::WebSocket(leaf))
+            }
             Tracking::Off => (ClientFrames::Off, LeafFrames::Off),
         }
     }
@@ -165,6 +169,15 @@ impl Frames {
             Tracking::Off => false,
             Tracking::Spdy { leaf, .. } => leaf.finished(),
             Tracking::WebSocket { leaf, .. } => leaf.finished(),
+        }
+    }
+
+    /// The caller ended the session itself (a WebSocket close frame): the leaf's side ending
+    /// after it is the caller's doing.
+    pub fn client_closed(&self) -> bool {
+        match &self.tracking {
+            Tracking::WebSocket { client, .. } => client.closed(),
+            Tracking::Off | Tracking::Spdy { .. } => false,
         }
     }
 
@@ -195,7 +208,7 @@ impl Frames {
                 self.error_stream.load(Ordering::Acquire),
                 &exit_status::failure(*status, message),
             ),
-            Tracking::WebSocket { leaf, status } => {
+            Tracking::WebSocket { leaf, status, .. } => {
                 leaf.ending(&exit_status::failure(*status, message))
             }
         }
@@ -206,19 +219,21 @@ impl Frames {
 pub enum ClientFrames<'a> {
     Off,
     Spdy(&'a mut ClientSpdy, &'a AtomicU32),
+    WebSocket(&'a mut ClientWebSocket),
 }
 
 impl Observe for ClientFrames<'_> {
     fn observe(&mut self, chunk: &[u8]) {
-        let ClientFrames::Spdy(client, error_stream) = self else {
-            return;
-        };
-        match client.observe(chunk) {
-            Learned::Nothing => {}
-            Learned::ErrorStream(id) => error_stream.store(id, Ordering::Release),
-            Learned::GaveUp(why) => {
-                tracing::debug!(%why, "the SPDY error stream cannot be known; a cut will reset the connection");
-            }
+        match self {
+            ClientFrames::Off => {}
+            ClientFrames::WebSocket(client) => client.observe(chunk),
+            ClientFrames::Spdy(client, error_stream) => match client.observe(chunk) {
+                Learned::Nothing => {}
+                Learned::ErrorStream(id) => error_stream.store(id, Ordering::Release),
+                Learned::GaveUp(why) => {
+                    tracing::debug!(%why, "the SPDY error stream cannot be known; a cut will reset the connection");
+                }
+            },
         }
     }
 }

@@ -1,9 +1,11 @@
 //! WebSocket frame boundaries in the leaf's bytes, for exec and attach sessions over the
 //! `channel.k8s.io` protocol family (v1, v4, v5 and their base64 variants).
 //!
-//! Only the leaf → caller direction needs looking at: the error channel is always channel 3,
-//! and what relaylet must know is where the next frame (and message) starts and whether the
-//! leaf already answered on channel 3. Frame headers are 2 to 14 bytes (FIN, opcode, mask bit,
+//! The leaf → caller direction is what matters: the error channel is always channel 3, and
+//! what relaylet must know is where the next frame (and message) starts and whether the leaf
+//! already answered on channel 3. Of the caller's frames relaylet needs one fact: whether the
+//! caller sent a close frame, ending the session itself (then the leaf's side ending without a
+//! Status is the caller's doing, and nothing is written to a caller that has gone). Frame headers are 2 to 14 bytes (FIN, opcode, mask bit,
 //! a 7, 16 or 64-bit length, a masking key if masked; servers do not mask); a message may be
 //! fragmented into a first frame and continuations with control frames (ping, pong, close)
 //! between them; the first payload byte of a message is its channel (`'0' + channel` in the
@@ -119,11 +121,7 @@ impl LeafWebSocket {
             return;
         }
         let masked = b1 & 0x80 != 0;
-        let len = match b1 & 0x7f {
-            126 => u64::from(u16::from_be_bytes([self.head[2], self.head[3]])),
-            127 => u64::from_be_bytes(self.head[2..10].try_into().unwrap_or([0xff; 8])),
-            short => u64::from(short),
-        };
+        let len = payload_len(&self.head[..need]);
         let mask = masked.then(|| {
             let at = need - 4;
             [
@@ -316,6 +314,59 @@ impl LeafWebSocket {
     }
 }
 
+/// The caller's side of a WebSocket session: only whether it sent a close frame. Its frames
+/// are masked (clients mask); payloads are skipped by count.
+#[derive(Debug, Clone, Default)]
+pub struct ClientWebSocket {
+    head: [u8; 14],
+    have: u8,
+    /// Payload bytes of the frame passing that are still to come.
+    left: u64,
+    closed: bool,
+}
+
+impl ClientWebSocket {
+    /// Looks at the next bytes the caller sent.
+    pub fn observe(&mut self, mut chunk: &[u8]) {
+        while !self.closed && !chunk.is_empty() {
+            if self.left > 0 {
+                let take = chunk
+                    .len()
+                    .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+                self.left -= take as u64;
+                chunk = &chunk[take..];
+                continue;
+            }
+            let at = usize::from(self.have);
+            let need = header_len(&self.head[..at]).unwrap_or(2);
+            let take = (need - at).min(chunk.len());
+            self.head[at..at + take].copy_from_slice(&chunk[..take]);
+            self.have += take as u8;
+            chunk = &chunk[take..];
+            let have = usize::from(self.have);
+            if header_len(&self.head[..have]) == Some(have) {
+                self.closed = self.head[0] & 0x0f == OP_CLOSE;
+                self.left = payload_len(&self.head[..have]);
+                self.have = 0;
+            }
+        }
+    }
+
+    /// The caller sent a close frame: it ended the session.
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+}
+
+/// The payload length a complete frame header `head` announces.
+fn payload_len(head: &[u8]) -> u64 {
+    match head[1] & 0x7f {
+        126 => u64::from(u16::from_be_bytes([head[2], head[3]])),
+        127 => u64::from_be_bytes(head[2..10].try_into().unwrap_or([0xff; 8])),
+        short => u64::from(short),
+    }
+}
+
 /// The full header length `head` announces (needs its first two bytes).
 fn header_len(head: &[u8]) -> Option<usize> {
     let b1 = *head.get(1)?;
@@ -348,6 +399,47 @@ fn push_frame(out: &mut Vec<u8>, opcode: u8, payload: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A masked client frame, as clients send them.
+    fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mask = [0x12, 0x34, 0x56, 0x78];
+        let mut out = vec![FIN | opcode];
+        match payload.len() {
+            len @ 0..=125 => out.push(0x80 | len as u8),
+            len @ 126..=0xffff => {
+                out.push(0x80 | 126);
+                out.extend_from_slice(&(len as u16).to_be_bytes());
+            }
+            len => {
+                out.push(0x80 | 127);
+                out.extend_from_slice(&(len as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        out
+    }
+
+    #[test]
+    fn the_callers_close_frame_is_seen_in_any_cut_and_not_in_payloads() {
+        // A stdin message whose payload holds a close frame's bytes, a ping, a long message,
+        // then the close: only the close counts, however the bytes are cut.
+        let mut bytes = client_frame(OP_BINARY, &[0, FIN | OP_CLOSE, 0x80, 1, 2, 3, 4]);
+        bytes.extend(client_frame(0x9, b"ping"));
+        bytes.extend(client_frame(OP_BINARY, &vec![0x88; 70_000]));
+        // Known once the close frame's header is in: 2 bytes and the 4-byte mask.
+        let close_known = bytes.len() + 6;
+        bytes.extend(client_frame(OP_CLOSE, &[0x03, 0xe8]));
+        for cut in [1, 2, 3, 7, 13, 4096, bytes.len()] {
+            let mut client = ClientWebSocket::default();
+            for (i, piece) in bytes.chunks(cut).enumerate() {
+                let end = (i + 1) * cut;
+                client.observe(piece);
+                let end = end.min(bytes.len());
+                assert_eq!(client.closed(), end >= close_known, "cut {cut}, at {end}");
+            }
+        }
+    }
 
     fn frame(opcode: u8, fin: bool, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
