@@ -26,6 +26,11 @@ command -v go >/dev/null || {
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 src="$root/tests/realk8s"
 cache="${RELAYLET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/k8s}"
+# One build at a time per cache: a test that runs this script while another run builds would
+# otherwise race it for the same outputs (seen: `mv: cannot stat .../etcd.tmp`).
+mkdir -p "$cache"
+exec 9>"$cache/.build.lock"
+flock 9
 
 etcd_version="$(cd "$src/etcd" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 ms_version="$(cd "$src/metrics-server" && go list -m -f '{{.Version}}' sigs.k8s.io/metrics-server)"
