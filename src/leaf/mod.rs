@@ -61,8 +61,26 @@ fn stream_client(
     );
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, kube::client::Body>(https);
-    // `config.default_retry` is off for streams: the stack adds no retries.
-    crate::ops::api_client::over(config, hyper)
+    // `config.default_retry` is off for streams: the stack adds no retries. Stream bodies (logs)
+    // are relayed as they come, never collected, so they are not limited here.
+    crate::ops::api_client::over(config, hyper, None)
+}
+
+/// How much of each answer leaf `leaf`'s API client reads: an answer past its limit fails its
+/// call, is counted and logged (once per answer; the leaf's watches and probes retry with
+/// backoff, so this is never a flood).
+fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLimits {
+    let leaf = leaf.to_string();
+    let metrics = metrics.clone();
+    crate::ops::read_limits::ReadLimits::new(move |limit| {
+        metrics.leaf_limit_exceeded(&leaf, limit.label());
+        tracing::warn!(
+            leaf = %leaf,
+            limit = limit.label(),
+            bytes = limit.bytes(),
+            "leaf answer over relaylet's limit: the call fails and is retried later"
+        );
+    })
 }
 
 /// The `proxy-url` of the cluster the kubeconfig's current context uses (the entry kube builds
@@ -213,7 +231,12 @@ impl Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
             proxy: dialer.proxy().map(|p| p.url.to_string()),
-            client: crate::ops::api_client::build(&config, dialer.clone()).map_err(client_err)?,
+            client: crate::ops::api_client::build(
+                &config,
+                dialer.clone(),
+                Some(read_limits(name, metrics)),
+            )
+            .map_err(client_err)?,
             stream_client: stream_client(
                 &stream_config,
                 dialer,
@@ -327,7 +350,8 @@ impl Registry {
 
 /// Adds the `LEAF_KUBECONFIG` leaf, if configured. Its kubeconfig is used as it is (exec
 /// plugins, file paths and all), unlike a leaf Secret's: the file is the administrator's, who
-/// controls relaylet's pod anyway.
+/// controls relaylet's pod anyway. Only credentials over plain HTTP refuse it, as they refuse
+/// a Secret (relaylet then does not start, saying why).
 pub async fn load_static_leaf(
     config: &Config,
     registry: &Registry,
@@ -342,10 +366,19 @@ pub async fn load_static_leaf(
                     leaf.kubeconfig.display()
                 )
             })?;
-        let mut built = Leaf::from_kubeconfig(
+        let kubeconfig = Kubeconfig::from_yaml(&yaml).map_err(LeafError::kubeconfig(&leaf.name))?;
+        // The one rule the administrator's file is held to: no credentials over plain HTTP.
+        if let Err(refused) = crate::leaf::kubeconfig::check_plaintext(&kubeconfig) {
+            anyhow::bail!(
+                "LEAF_KUBECONFIG {} refused: {refused}",
+                leaf.kubeconfig.display()
+            );
+        }
+        let mut built = Leaf::from_parsed(
             &leaf.name,
             &config.node_name(&leaf.name),
-            &yaml,
+            kubeconfig,
+            &ProxyTls::default(),
             metrics,
             config.leaf_spare_connection,
         )
@@ -608,6 +641,7 @@ impl LeafSecrets {
             ))
         })?;
         let warnings = crate::leaf::kubeconfig::check(&kubeconfig)?;
+        crate::leaf::kubeconfig::check_plaintext(&kubeconfig)?;
         for cluster in warnings.insecure_clusters {
             tracing::warn!(
                 secret = %secret.metadata.name.as_deref().unwrap_or_default(),

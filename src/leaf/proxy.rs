@@ -31,6 +31,9 @@ use rustls::RootCertStore;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::model::quote::quote;
+use crate::ops::read_limits::OverLimit;
+
 /// Leaf Secret key: the PEM CA bundle that verifies an `https://` proxy's certificate.
 pub const PROXY_CA_KEY: &str = "proxy-ca.crt";
 /// Leaf Secret key: a PEM client certificate presented to an `https://` proxy.
@@ -364,10 +367,23 @@ impl DialError {
 }
 
 /// The message of an error and its sources, for errors (hyper's) whose own message leaves the
-/// cause out.
+/// cause out, fit to quote: what the leaf said appears once and short (`model::quote`). A
+/// leaf's error answer is its code, reason and message (kube's own rendering of it repeats the
+/// message, escaped the second time); an answer past relaylet's read limit says which limit.
 pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     if let Some(dial) = DialError::find(err) {
-        return dial.to_string();
+        return quote(&dial.to_string());
+    }
+    if let Some(over) = OverLimit::find(err) {
+        return over.to_string();
+    }
+    if let Some(status) = api_status(err) {
+        return format!(
+            "the leaf answered {} {}: {}",
+            status.code,
+            quote(&status.reason),
+            quote(&status.message)
+        );
     }
     let mut text = err.to_string();
     let mut next = err.source();
@@ -379,7 +395,22 @@ pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
         }
         next = err.source();
     }
-    text
+    quote(&text)
+}
+
+/// The leaf's error answer somewhere in `err`'s chain.
+fn api_status<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a kube::core::Status> {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(kube::Error::Api(status)) = err.downcast_ref::<kube::Error>() {
+            return Some(status);
+        }
+        if let Some(status) = err.downcast_ref::<kube::core::Status>() {
+            return Some(status);
+        }
+        next = err.source();
+    }
+    None
 }
 
 /// `host:port` of the leaf apiserver as a CONNECT target (brackets kept for IPv6).
