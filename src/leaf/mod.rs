@@ -726,3 +726,83 @@ fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
         .get(key)
         .map(String::as_str)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config whose `LEAF_KUBECONFIG` is a file holding `kubeconfig`; the file's path.
+    fn static_config(name: &str, kubeconfig: &str) -> (Config, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!(
+            "relaylet-static-{}-{name}.kubeconfig",
+            std::process::id()
+        ));
+        std::fs::write(&path, kubeconfig).unwrap();
+        let vars = [
+            ("LEAF_NODE_IP", "10.0.0.1".to_string()),
+            ("LEAF_KUBECONFIG", path.display().to_string()),
+            ("LEAF_CLUSTER_NAME", name.to_string()),
+        ];
+        let config = Config::from_lookup(|var| {
+            vars.iter()
+                .find(|(v, _)| *v == var)
+                .map(|(_, value)| value.clone())
+        })
+        .unwrap();
+        (config, path)
+    }
+
+    fn kubeconfig(server: &str, user: &str) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {{server: '{server}'}}
+users:
+- name: u
+  user: {user}
+contexts:
+- name: ctx
+  context: {{cluster: c, user: u}}
+current-context: ctx
+"
+        )
+    }
+
+    #[tokio::test]
+    async fn the_static_leaf_sends_no_credentials_over_plain_http() {
+        let metrics = Metrics::new();
+        let (config, path) = static_config(
+            "plain",
+            &kubeconfig("http://127.0.0.1:1", "{token: canary}"),
+        );
+        let registry = Registry::default();
+        let err = load_static_leaf(&config, &registry, &metrics)
+            .await
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_file(path).unwrap();
+        assert!(
+            err.contains("refused: kubeconfig cluster \"c\": its server is not https://"),
+            "{err}"
+        );
+        assert!(!err.contains("canary"), "{err}");
+        assert!(registry.snapshot().is_empty());
+
+        // Without credentials, or over https://, the file's leaf registers.
+        for (name, server, user) in [
+            ("anonymous", "http://127.0.0.1:1", "{}"),
+            ("tls", "https://127.0.0.1:1", "{token: canary}"),
+        ] {
+            let (config, path) = static_config(name, &kubeconfig(server, user));
+            let loaded = load_static_leaf(&config, &registry, &metrics).await;
+            std::fs::remove_file(path).unwrap();
+            loaded.unwrap();
+            assert!(
+                registry.by_node(&format!("relaylet-{name}")).is_some(),
+                "{name}"
+            );
+        }
+    }
+}

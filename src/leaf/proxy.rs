@@ -378,10 +378,14 @@ pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
         return over.to_string();
     }
     if let Some(status) = api_status(err) {
+        // kube names a body that is not a Status "Failed to parse error data": not the leaf's.
+        let reason = match status.reason.as_str() {
+            "" | "Failed to parse error data" => String::new(),
+            reason => format!(" {}", quote(reason)),
+        };
         return format!(
-            "the leaf answered {} {}: {}",
+            "the leaf answered {}{reason}: {}",
             status.code,
-            quote(&status.reason),
             quote(&status.message)
         );
     }
@@ -576,6 +580,37 @@ fn printable(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leaf_error_is_quoted_once_and_short() {
+        let page = format!("readyz check failed\n{}", "[-]etcd failed\n".repeat(4000));
+        let status =
+            kube::core::Status::failure(&page, "Failed to parse error data").with_code(500);
+        let err = kube::Error::Api(Box::new(status));
+        // kube's own message carries the page twice.
+        assert!(err.to_string().len() > 2 * page.len());
+        let text = chain(&err);
+        assert!(
+            text.starts_with("the leaf answered 500: readyz check failed [-]etcd failed"),
+            "{text}"
+        );
+        assert_eq!(text.matches("readyz check failed").count(), 1, "{text}");
+        assert!(text.len() < 400, "{text}");
+        assert!(!text.contains('\n'), "{text}");
+
+        let status = kube::core::Status::failure("pods is forbidden", "Forbidden").with_code(403);
+        assert_eq!(
+            chain(&kube::Error::Api(Box::new(status))),
+            "the leaf answered 403 Forbidden: pods is forbidden"
+        );
+        let over = crate::ops::read_limits::OverLimit {
+            limit: crate::ops::read_limits::Limit::ErrorBody,
+        };
+        assert_eq!(
+            chain(&kube::Error::Service(Box::new(over))),
+            "the leaf sent an error answer longer than 64 KiB, relaylet's limit; it was not read further"
+        );
+    }
 
     #[test]
     fn the_three_schemes_parse_with_their_default_ports() {
