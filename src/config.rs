@@ -137,7 +137,8 @@ pub struct LeafBounds {
 
 impl Default for LeafBounds {
     /// Kubernetes' own scalability limits for one cluster: 150,000 pods and 5,000 nodes. A leaf
-    /// at both costs about 40 MB (under 256 bytes per pod record, a few KiB per stripped node).
+    /// at both costs each replica about 50 MB (a leaf pod about 330 bytes, docs/performance.md;
+    /// a stripped node about 1 KiB).
     fn default() -> Self {
         LeafBounds {
             max_pods: 150_000,
