@@ -47,7 +47,7 @@ pub trait Kept: Default + Send + Sync + 'static {
     /// Objects per LIST page.
     const PAGE_SIZE: u32;
     /// How many objects are kept.
-    fn len(&self) -> usize;
+    fn count(&self) -> usize;
     /// Keeps `object` (added or changed).
     fn apply(&mut self, object: &Self::Object);
     /// Forgets `object`.
@@ -190,7 +190,7 @@ async fn watch_until_over<K: Kept>(
             Ok(watcher::Event::InitApply(object)) => {
                 if let Some(fresh) = relisting.as_mut() {
                     fresh.apply(&object);
-                    if fresh.len() > max {
+                    if fresh.count() > max {
                         return (Over::Count, listed_at);
                     }
                 }
@@ -207,7 +207,7 @@ async fn watch_until_over<K: Kept>(
             Ok(watcher::Event::Apply(object)) => {
                 let mut kept = kept.write().unwrap_or_else(|e| e.into_inner());
                 kept.apply(&object);
-                if kept.len() > max {
+                if kept.count() > max {
                     return (Over::Count, listed_at);
                 }
             }

@@ -126,7 +126,7 @@ impl Kept for Facts {
     /// pages.
     const PAGE_SIZE: u32 = 200;
 
-    fn len(&self) -> usize {
+    fn count(&self) -> usize {
         self.pods.len()
     }
 

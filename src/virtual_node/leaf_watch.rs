@@ -63,7 +63,7 @@ impl Kept for LeafNodes {
     /// page of 50 is at most about 1.5 MiB, a tenth of `MAX_BODY`. 5,000 nodes are 100 pages.
     const PAGE_SIZE: u32 = 50;
 
-    fn len(&self) -> usize {
+    fn count(&self) -> usize {
         self.0.len()
     }
 
