@@ -220,6 +220,8 @@ async fn watch_until_over<K: Kept>(
                 if let Some(over) = OverLimit::find(&err) {
                     return (Over::Read(over), listed_at);
                 }
+                // The leaf's text, if any, quoted short once.
+                let err = crate::leaf::proxy::chain(&err);
                 tracing::debug!(%err, what = K::WHAT, "leaf watch error (retrying)");
             }
         }
