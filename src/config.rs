@@ -124,6 +124,31 @@ pub struct Config {
     /// (`SHUTDOWN_GRACE_PERIOD`, default 30s; keep it below the pod's
     /// `terminationGracePeriodSeconds`).
     pub shutdown_grace_period: Duration,
+    /// How many pods and nodes of one leaf relaylet keeps (`LEAF_MAX_PODS`, `LEAF_MAX_NODES`).
+    pub leaf_bounds: LeafBounds,
+}
+
+/// How many objects of one leaf relaylet keeps. A leaf is not trusted: one that holds more
+/// (or claims to) is not watched until it holds fewer, and its virtual Node says so; every
+/// other leaf goes on as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeafBounds {
+    /// Leaf pods kept per leaf (`LEAF_MAX_PODS`).
+    pub max_pods: usize,
+    /// Leaf nodes kept per leaf (`LEAF_MAX_NODES`).
+    pub max_nodes: usize,
+}
+
+impl Default for LeafBounds {
+    /// Kubernetes' own scalability limits for one cluster: 150,000 pods and 5,000 nodes. A leaf
+    /// at both costs each replica about 50 MB (a leaf pod about 330 bytes, docs/performance.md;
+    /// a stripped node about 1 KiB).
+    fn default() -> Self {
+        LeafBounds {
+            max_pods: 150_000,
+            max_nodes: 5_000,
+        }
+    }
 }
 
 /// Caps that keep one client (or a flood) from exhausting relaylet. Past a cap the caller gets
@@ -255,6 +280,7 @@ impl Config {
         let metrics_addr = metrics_addr(&mut vars);
         let log_format = log_format(&mut vars);
         let limits = limits(&mut vars);
+        let leaf_bounds = leaf_bounds(&mut vars);
         let config = Config {
             leaf_node_ip,
             preferred_address_type,
@@ -282,6 +308,7 @@ impl Config {
             log_format,
             shutdown_grace_period,
             limits,
+            leaf_bounds,
         };
         if vars.errors.is_empty() {
             Ok(config)
@@ -586,6 +613,15 @@ fn limits(vars: &mut Vars<'_>) -> Limits {
         sessions_per_user: vars.count("MAX_SESSIONS_PER_USER", defaults.sessions_per_user),
         log_streams: vars.count("MAX_LOG_STREAMS", defaults.log_streams),
         log_streams_per_user: vars.count("MAX_LOG_STREAMS_PER_USER", defaults.log_streams_per_user),
+    }
+}
+
+/// `LEAF_MAX_PODS`, `LEAF_MAX_NODES`.
+fn leaf_bounds(vars: &mut Vars<'_>) -> LeafBounds {
+    let defaults = LeafBounds::default();
+    LeafBounds {
+        max_pods: vars.count("LEAF_MAX_PODS", defaults.max_pods),
+        max_nodes: vars.count("LEAF_MAX_NODES", defaults.max_nodes),
     }
 }
 
@@ -912,6 +948,36 @@ mod tests {
         .unwrap_err();
         let vars: Vec<_> = err.0.iter().map(|e| e.var).collect();
         assert_eq!(vars, ["MAX_CONNECTIONS", "MAX_SESSIONS_PER_USER"]);
+    }
+
+    #[test]
+    fn leaf_bounds_default_to_kubernetes_scalability_limits() {
+        let c = config(&[("LEAF_NODE_IP", "10.0.0.1")]).unwrap();
+        assert_eq!(
+            c.leaf_bounds,
+            LeafBounds {
+                max_pods: 150_000,
+                max_nodes: 5_000
+            }
+        );
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_MAX_PODS", "20000"),
+            ("LEAF_MAX_NODES", "100"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.leaf_bounds.max_pods, c.leaf_bounds.max_nodes),
+            (20000, 100)
+        );
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_MAX_PODS", "0"),
+            ("LEAF_MAX_NODES", "many"),
+        ])
+        .unwrap_err();
+        let vars: Vec<_> = err.0.iter().map(|e| e.var).collect();
+        assert_eq!(vars, ["LEAF_MAX_PODS", "LEAF_MAX_NODES"]);
     }
 
     #[test]

@@ -964,6 +964,8 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     assert_eq!(r.env_value("LEADER_ELECT"), Some("true"));
     assert_eq!(r.env_value("LEAF_SPARE_CONNECTION"), Some("true"));
     assert_eq!(r.env_value("EXTEND_WEBSOCKETS_TO_KUBELET"), Some("true"));
+    assert_eq!(r.env_value("LEAF_MAX_PODS"), Some("150000"));
+    assert_eq!(r.env_value("LEAF_MAX_NODES"), Some("5000"));
     assert_eq!(r.env_value("LEAF_POD_MATCH"), Some("root-uid"));
     assert!(r.env("LEAF_POD_MARKER").is_none());
     assert_eq!(r.env_value("AUTH_MODE"), Some("webhook"));
@@ -1199,12 +1201,28 @@ fn existing_secrets_x509_and_leaf_clusters_from_values() {
 }
 
 #[test]
+fn leaf_bounds_are_positive_counts() {
+    for flags in [
+        ["--set", "leafBounds.maxPods=0"],
+        ["--set", "leafBounds.maxNodes=-1"],
+        ["--set", "leafBounds.maxNodes=many"],
+        ["--set", "leafBounds.maxPod=10"],
+    ] {
+        let set = ValueSet::defaults().with(&flags);
+        let err = template(&set).expect_err(&format!("helm template accepted {flags:?}"));
+        assert!(err.contains("/leafBounds"), "{flags:?}: {err}");
+    }
+}
+
+#[test]
 fn network_policy_opens_the_kubelet_port_to_the_control_plane_only() {
     let set = ValueSet::ci("network-policy");
     let values = set.file_values();
     let r = Rendered::render(&set);
     assert_eq!(r.env_value("LEAF_SPARE_CONNECTION"), Some("false"));
     assert_eq!(r.env_value("EXTEND_WEBSOCKETS_TO_KUBELET"), Some("false"));
+    assert_eq!(r.env_value("LEAF_MAX_PODS"), Some("20000"));
+    assert_eq!(r.env_value("LEAF_MAX_NODES"), Some("100"));
     assert_eq!(r.env_value("STREAM_IDLE_TIMEOUT"), Some("1h30m"));
     assert_eq!(r.network_policies.len(), 1);
     let spec = r.network_policies[0].spec.as_ref().unwrap();

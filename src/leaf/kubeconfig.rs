@@ -10,8 +10,13 @@
 //! and cluster entry is checked, not only the current context's: what is not used today is one
 //! `current-context` edit away.
 //!
-//! The administrator's own `LEAF_KUBECONFIG` file is not checked: it comes from whoever deploys
-//! relaylet, who can run anything in its pod anyway.
+//! The administrator's own `LEAF_KUBECONFIG` file is not checked for that: it comes from whoever
+//! deploys relaylet, who can run anything in its pod anyway.
+//!
+//! One rule holds for every kubeconfig, the file's too ([`check_plaintext`]): credentials never
+//! go to a server that is not `https://`. Over `http://` a bearer token, a password or a client
+//! certificate's handshake would cross the network (and any proxy) in clear; a leaf without
+//! credentials may still be reached that way.
 //!
 //! The structs are destructured exhaustively, so a field a future kube adds breaks the build
 //! here and someone decides whether a Secret may set it.
@@ -235,6 +240,78 @@ fn check_cluster(cluster: &Cluster) -> Result<bool, Field> {
     Ok(*insecure_skip_tls_verify == Some(true))
 }
 
+/// A kubeconfig whose credentials would cross the network in clear. Names the cluster entry and
+/// the kind of credential, never a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "kubeconfig cluster {cluster:?}: its server is not https:// and the kubeconfig carries {credential}, which would cross the network unencrypted; use an https:// server (plain http:// is allowed only without credentials)"
+)]
+pub struct Plaintext {
+    pub cluster: String,
+    pub credential: &'static str,
+}
+
+/// Refuses a kubeconfig that has a cluster entry whose `server` is not `https://` while any
+/// user entry carries a credential. Every entry counts, as in [`check`]: the current context is
+/// one edit away from another pairing.
+pub fn check_plaintext(kubeconfig: &Kubeconfig) -> Result<(), Plaintext> {
+    let Some(credential) = kubeconfig
+        .auth_infos
+        .iter()
+        .filter_map(|named| named.auth_info.as_ref())
+        .find_map(credential_of)
+    else {
+        return Ok(());
+    };
+    let plain = kubeconfig.clusters.iter().find(|named| {
+        named
+            .cluster
+            .as_ref()
+            .and_then(|c| c.server.as_deref())
+            .is_some_and(|server| !is_https(server))
+    });
+    match plain {
+        Some(named) => Err(Plaintext {
+            cluster: named.name.clone(),
+            credential,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Whether `server` is an `https://` URL (the scheme in any case).
+fn is_https(server: &str) -> bool {
+    server
+        .trim()
+        .get(..8)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+}
+
+/// The kind of credential a user entry carries, if any: inline, from a file, or from code
+/// (the last two only in the administrator's `LEAF_KUBECONFIG`; a Secret's are refused first).
+fn credential_of(info: &AuthInfo) -> Option<&'static str> {
+    let present = |set: bool, what: &'static str| set.then_some(what);
+    present(info.token.is_some(), "a bearer token")
+        .or_else(|| present(info.token_file.is_some(), "a bearer token file"))
+        .or_else(|| {
+            present(
+                info.username.is_some() || info.password.is_some(),
+                "basic auth credentials",
+            )
+        })
+        .or_else(|| {
+            present(
+                info.client_certificate_data.is_some()
+                    || info.client_key_data.is_some()
+                    || info.client_certificate.is_some()
+                    || info.client_key.is_some(),
+                "a client certificate",
+            )
+        })
+        .or_else(|| present(info.exec.is_some(), "an exec credential plugin"))
+        .or_else(|| present(info.auth_provider.is_some(), "an auth provider"))
+}
+
 fn first_set(fields: &[(bool, Field)]) -> Result<(), Field> {
     match fields.iter().find(|(set, _)| *set) {
         Some((_, field)) => Err(*field),
@@ -431,6 +508,120 @@ current-context: ctx
         let err = check(&Kubeconfig::from_yaml(yaml).unwrap()).unwrap_err();
         assert_eq!(err.entry, Entry::User("spare".into()));
         assert_eq!(err.field, Field::TokenFile);
+    }
+
+    /// A kubeconfig for `server` whose user entry has `user` (YAML lines, 4 spaces in).
+    fn plain(server: &str, user: &str) -> Kubeconfig {
+        Kubeconfig::from_yaml(&format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: {server}
+users:
+- name: u
+  user:
+{user}
+contexts:
+- name: ctx
+  context: {{cluster: c, user: u}}
+current-context: ctx
+"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn credentials_are_never_sent_to_a_plain_http_server() {
+        for (user, credential) in [
+            ("    token: canary", "a bearer token"),
+            ("    tokenFile: /var/run/token", "a bearer token file"),
+            ("    username: admin", "basic auth credentials"),
+            ("    password: canary", "basic auth credentials"),
+            (
+                "    client-certificate-data: Q0VSVA==\n    client-key-data: S0VZ",
+                "a client certificate",
+            ),
+            ("    client-key: /etc/tls.key", "a client certificate"),
+            (
+                "    exec:\n      apiVersion: client.authentication.k8s.io/v1beta1\n      command: sh",
+                "an exec credential plugin",
+            ),
+        ] {
+            for server in [
+                "http://leaf.example:8080",
+                "HTTP://leaf.example",
+                "leaf.example:6443",
+            ] {
+                let err = check_plaintext(&plain(server, user)).unwrap_err();
+                assert_eq!(
+                    err,
+                    Plaintext {
+                        cluster: "c".into(),
+                        credential
+                    },
+                    "{server} {user}"
+                );
+                assert!(!err.to_string().contains("canary"), "{err}");
+            }
+            assert_eq!(
+                check_plaintext(&plain("https://leaf.example", user)),
+                Ok(())
+            );
+            assert_eq!(
+                check_plaintext(&plain("HTTPS://leaf.example", user)),
+                Ok(())
+            );
+        }
+    }
+
+    #[test]
+    fn plain_http_without_credentials_passes() {
+        assert_eq!(
+            check_plaintext(&plain("http://leaf.example:8080", "    as: nobody")),
+            Ok(())
+        );
+        let yaml = "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: 'http://leaf.example:8080'}
+contexts:
+- name: ctx
+  context: {cluster: c}
+current-context: ctx
+";
+        assert_eq!(
+            check_plaintext(&Kubeconfig::from_yaml(yaml).unwrap()),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_plain_cluster_beside_any_credentialed_user_is_refused() {
+        // The current context pairs https with the token; the other cluster is one edit away.
+        let yaml = "apiVersion: v1
+kind: Config
+clusters:
+- name: safe
+  cluster: {server: 'https://leaf.example'}
+- name: plain
+  cluster: {server: 'http://leaf.example'}
+users:
+- name: u
+  user: {token: abc}
+contexts:
+- name: ctx
+  context: {cluster: safe, user: u}
+current-context: ctx
+";
+        let err = check_plaintext(&Kubeconfig::from_yaml(yaml).unwrap()).unwrap_err();
+        assert_eq!(err.cluster, "plain");
+        assert_eq!(
+            err.to_string(),
+            "kubeconfig cluster \"plain\": its server is not https:// and the kubeconfig carries a bearer token, which would cross the network unencrypted; use an https:// server (plain http:// is allowed only without credentials)"
+        );
     }
 
     #[test]

@@ -61,8 +61,26 @@ fn stream_client(
     );
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, kube::client::Body>(https);
-    // `config.default_retry` is off for streams: the stack adds no retries.
-    crate::ops::api_client::over(config, hyper)
+    // `config.default_retry` is off for streams: the stack adds no retries. Stream bodies (logs)
+    // are relayed as they come, never collected, so they are not limited here.
+    crate::ops::api_client::over(config, hyper, None)
+}
+
+/// How much of each answer leaf `leaf`'s API client reads: an answer past its limit fails its
+/// call, is counted and logged (once per answer; the leaf's watches and probes retry with
+/// backoff, so this is never a flood).
+fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLimits {
+    let leaf = leaf.to_string();
+    let metrics = metrics.clone();
+    crate::ops::read_limits::ReadLimits::new(move |limit| {
+        metrics.leaf_limit_exceeded(&leaf, limit.label());
+        tracing::warn!(
+            leaf = %leaf,
+            limit = limit.label(),
+            bytes = limit.bytes(),
+            "leaf answer over relaylet's limit: the call fails and is retried later"
+        );
+    })
 }
 
 /// The `proxy-url` of the cluster the kubeconfig's current context uses (the entry kube builds
@@ -213,7 +231,12 @@ impl Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
             proxy: dialer.proxy().map(|p| p.url.to_string()),
-            client: crate::ops::api_client::build(&config, dialer.clone()).map_err(client_err)?,
+            client: crate::ops::api_client::build(
+                &config,
+                dialer.clone(),
+                Some(read_limits(name, metrics)),
+            )
+            .map_err(client_err)?,
             stream_client: stream_client(
                 &stream_config,
                 dialer,
@@ -327,7 +350,8 @@ impl Registry {
 
 /// Adds the `LEAF_KUBECONFIG` leaf, if configured. Its kubeconfig is used as it is (exec
 /// plugins, file paths and all), unlike a leaf Secret's: the file is the administrator's, who
-/// controls relaylet's pod anyway.
+/// controls relaylet's pod anyway. Only credentials over plain HTTP refuse it, as they refuse
+/// a Secret (relaylet then does not start, saying why).
 pub async fn load_static_leaf(
     config: &Config,
     registry: &Registry,
@@ -342,10 +366,19 @@ pub async fn load_static_leaf(
                     leaf.kubeconfig.display()
                 )
             })?;
-        let mut built = Leaf::from_kubeconfig(
+        let kubeconfig = Kubeconfig::from_yaml(&yaml).map_err(LeafError::kubeconfig(&leaf.name))?;
+        // The one rule the administrator's file is held to: no credentials over plain HTTP.
+        if let Err(refused) = crate::leaf::kubeconfig::check_plaintext(&kubeconfig) {
+            anyhow::bail!(
+                "LEAF_KUBECONFIG {} refused: {refused}",
+                leaf.kubeconfig.display()
+            );
+        }
+        let mut built = Leaf::from_parsed(
             &leaf.name,
             &config.node_name(&leaf.name),
-            &yaml,
+            kubeconfig,
+            &ProxyTls::default(),
             metrics,
             config.leaf_spare_connection,
         )
@@ -608,6 +641,7 @@ impl LeafSecrets {
             ))
         })?;
         let warnings = crate::leaf::kubeconfig::check(&kubeconfig)?;
+        crate::leaf::kubeconfig::check_plaintext(&kubeconfig)?;
         for cluster in warnings.insecure_clusters {
             tracing::warn!(
                 secret = %secret.metadata.name.as_deref().unwrap_or_default(),
@@ -691,4 +725,84 @@ fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
         .as_ref()?
         .get(key)
         .map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config whose `LEAF_KUBECONFIG` is a file holding `kubeconfig`; the file's path.
+    fn static_config(name: &str, kubeconfig: &str) -> (Config, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!(
+            "relaylet-static-{}-{name}.kubeconfig",
+            std::process::id()
+        ));
+        std::fs::write(&path, kubeconfig).unwrap();
+        let vars = [
+            ("LEAF_NODE_IP", "10.0.0.1".to_string()),
+            ("LEAF_KUBECONFIG", path.display().to_string()),
+            ("LEAF_CLUSTER_NAME", name.to_string()),
+        ];
+        let config = Config::from_lookup(|var| {
+            vars.iter()
+                .find(|(v, _)| *v == var)
+                .map(|(_, value)| value.clone())
+        })
+        .unwrap();
+        (config, path)
+    }
+
+    fn kubeconfig(server: &str, user: &str) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {{server: '{server}'}}
+users:
+- name: u
+  user: {user}
+contexts:
+- name: ctx
+  context: {{cluster: c, user: u}}
+current-context: ctx
+"
+        )
+    }
+
+    #[tokio::test]
+    async fn the_static_leaf_sends_no_credentials_over_plain_http() {
+        let metrics = Metrics::new();
+        let (config, path) = static_config(
+            "plain",
+            &kubeconfig("http://127.0.0.1:1", "{token: canary}"),
+        );
+        let registry = Registry::default();
+        let err = load_static_leaf(&config, &registry, &metrics)
+            .await
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_file(path).unwrap();
+        assert!(
+            err.contains("refused: kubeconfig cluster \"c\": its server is not https://"),
+            "{err}"
+        );
+        assert!(!err.contains("canary"), "{err}");
+        assert!(registry.snapshot().is_empty());
+
+        // Without credentials, or over https://, the file's leaf registers.
+        for (name, server, user) in [
+            ("anonymous", "http://127.0.0.1:1", "{}"),
+            ("tls", "https://127.0.0.1:1", "{token: canary}"),
+        ] {
+            let (config, path) = static_config(name, &kubeconfig(server, user));
+            let loaded = load_static_leaf(&config, &registry, &metrics).await;
+            std::fs::remove_file(path).unwrap();
+            loaded.unwrap();
+            assert!(
+                registry.by_node(&format!("relaylet-{name}")).is_some(),
+                "{name}"
+            );
+        }
+    }
 }

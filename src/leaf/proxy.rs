@@ -31,6 +31,9 @@ use rustls::RootCertStore;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::model::quote::quote;
+use crate::ops::read_limits::OverLimit;
+
 /// Leaf Secret key: the PEM CA bundle that verifies an `https://` proxy's certificate.
 pub const PROXY_CA_KEY: &str = "proxy-ca.crt";
 /// Leaf Secret key: a PEM client certificate presented to an `https://` proxy.
@@ -364,10 +367,27 @@ impl DialError {
 }
 
 /// The message of an error and its sources, for errors (hyper's) whose own message leaves the
-/// cause out.
+/// cause out, fit to quote: what the leaf said appears once and short (`model::quote`). A
+/// leaf's error answer is its code, reason and message (kube's own rendering of it repeats the
+/// message, escaped the second time); an answer past relaylet's read limit says which limit.
 pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     if let Some(dial) = DialError::find(err) {
-        return dial.to_string();
+        return quote(&dial.to_string());
+    }
+    if let Some(over) = OverLimit::find(err) {
+        return over.to_string();
+    }
+    if let Some(status) = api_status(err) {
+        // kube names a body that is not a Status "Failed to parse error data": not the leaf's.
+        let reason = match status.reason.as_str() {
+            "" | "Failed to parse error data" => String::new(),
+            reason => format!(" {}", quote(reason)),
+        };
+        return format!(
+            "the leaf answered {}{reason}: {}",
+            status.code,
+            quote(&status.message)
+        );
     }
     let mut text = err.to_string();
     let mut next = err.source();
@@ -379,7 +399,22 @@ pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
         }
         next = err.source();
     }
-    text
+    quote(&text)
+}
+
+/// The leaf's error answer somewhere in `err`'s chain.
+fn api_status<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a kube::core::Status> {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(kube::Error::Api(status)) = err.downcast_ref::<kube::Error>() {
+            return Some(status);
+        }
+        if let Some(status) = err.downcast_ref::<kube::core::Status>() {
+            return Some(status);
+        }
+        next = err.source();
+    }
+    None
 }
 
 /// `host:port` of the leaf apiserver as a CONNECT target (brackets kept for IPv6).
@@ -545,6 +580,37 @@ fn printable(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leaf_error_is_quoted_once_and_short() {
+        let page = format!("readyz check failed\n{}", "[-]etcd failed\n".repeat(4000));
+        let status =
+            kube::core::Status::failure(&page, "Failed to parse error data").with_code(500);
+        let err = kube::Error::Api(Box::new(status));
+        // kube's own message carries the page twice.
+        assert!(err.to_string().len() > 2 * page.len());
+        let text = chain(&err);
+        assert!(
+            text.starts_with("the leaf answered 500: readyz check failed [-]etcd failed"),
+            "{text}"
+        );
+        assert_eq!(text.matches("readyz check failed").count(), 1, "{text}");
+        assert!(text.len() < 400, "{text}");
+        assert!(!text.contains('\n'), "{text}");
+
+        let status = kube::core::Status::failure("pods is forbidden", "Forbidden").with_code(403);
+        assert_eq!(
+            chain(&kube::Error::Api(Box::new(status))),
+            "the leaf answered 403 Forbidden: pods is forbidden"
+        );
+        let over = crate::ops::read_limits::OverLimit {
+            limit: crate::ops::read_limits::Limit::ErrorBody,
+        };
+        assert_eq!(
+            chain(&kube::Error::Service(Box::new(over))),
+            "the leaf sent an error answer longer than 64 KiB, relaylet's limit; it was not read further"
+        );
+    }
 
     #[test]
     fn the_three_schemes_parse_with_their_default_ports() {

@@ -28,6 +28,9 @@ pub enum Refusal {
     /// The kubeconfig names something that is code or a file, not data.
     #[error(transparent)]
     Kubeconfig(#[from] kubeconfig::Refused),
+    /// The kubeconfig would send its credentials to a server that is not `https://`.
+    #[error(transparent)]
+    Plaintext(#[from] kubeconfig::Plaintext),
     /// The kubeconfig does not parse, or kube cannot build a client from it.
     #[error("kubeconfig: {0}")]
     Unusable(String),
@@ -60,6 +63,7 @@ impl Refusal {
         match self {
             Refusal::Invalid(_) => "invalid_secret",
             Refusal::Kubeconfig(refused) => refused.field.reason(),
+            Refusal::Plaintext(_) => "plaintext_credentials",
             Refusal::Unusable(_) => "kubeconfig_unusable",
             Refusal::Proxy(_) => "proxy",
             Refusal::NodeNameInvalid(_) => "node_name_invalid",

@@ -94,7 +94,11 @@ impl LeafPodMatch {
                     (None, _) => Some(format!("it carries no {key} marker")),
                     (Some(_), None) => Some("the root pod has no UID".to_string()),
                     (Some(m), Some(uid)) if m != uid => {
-                        Some(format!("its {key} marker names another root pod ({m})"))
+                        // The marker's value is the leaf's text: quoted short.
+                        Some(format!(
+                            "its {key} marker names another root pod ({})",
+                            crate::model::quote::quote(&m)
+                        ))
                     }
                     _ => None,
                 }

@@ -8,6 +8,7 @@
 //! - `slim_pod`: a pod as relaylet's watches decode it, only the fields relaylet uses.
 //! - `node_ownership`, `node_overrides`: whose a Node is; what a leaf Secret may add to it.
 //! - `dns`, `quantity`: Kubernetes' name rules; exact resource-quantity arithmetic.
+//! - `quote`: text from a leaf made short and single-line before relaylet writes it anywhere.
 
 pub mod counterpart;
 pub mod dns;
@@ -15,5 +16,6 @@ pub mod kubelet_request;
 pub mod node_overrides;
 pub mod node_ownership;
 pub mod quantity;
+pub mod quote;
 pub mod slim_pod;
 pub mod status;

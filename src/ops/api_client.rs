@@ -2,6 +2,8 @@
 //! kube's own stack (connect, read and write timeouts, retries of server errors, auth, headers)
 //! on a connector of relaylet's choosing, with a connection pool that gives connections back.
 //! The leaf's stream client puts the same stack on an HTTP client of its own (`over`).
+//! A leaf's API client reads its answers within `read_limits` (a leaf is not trusted); the
+//! root's and the stream client's bodies pass unchanged.
 //!
 //! Each watch holds an HTTP/1.1 connection of its own, and a burst of concurrent calls (every
 //! leaf writing its virtual Node at once when leaf pods come or go) opens one connection per call.
@@ -16,6 +18,8 @@ use kube::Client;
 use kube::client::ConfigExt;
 use tower::Service;
 
+use crate::ops::read_limits::{ReadLimitLayer, ReadLimits};
+
 /// Idle connections kept per host; more are closed when they come back to the pool.
 const MAX_IDLE_PER_HOST: usize = 4;
 /// The most an HTTP/1.1 read buffer grows to. hyper's default lets it grow to ~400 KiB under a
@@ -24,9 +28,14 @@ const MAX_IDLE_PER_HOST: usize = 4;
 /// of ~0.9).
 const MAX_READ_BUFFER: usize = 16 * 1024;
 
-/// A client for `config`'s cluster over `dialer` (TCP, or a leaf's proxy). Proxies are the
-/// dialer's business: `config.proxy_url` is not read here.
-pub fn build<D>(config: &kube::Config, dialer: D) -> Result<Client, kube::Error>
+/// A client for `config`'s cluster over `dialer` (TCP, or a leaf's proxy), reading answers
+/// within `limits` if given. Proxies are the dialer's business: `config.proxy_url` is not read
+/// here.
+pub fn build<D>(
+    config: &kube::Config,
+    dialer: D,
+    limits: Option<ReadLimits>,
+) -> Result<Client, kube::Error>
 where
     D: Service<http::Uri> + Clone + Send + Sync + 'static,
     D::Response: Connection + hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
@@ -43,14 +52,16 @@ where
         .http1_max_buf_size(MAX_READ_BUFFER)
         .pool_max_idle_per_host(MAX_IDLE_PER_HOST)
         .build::<_, kube::client::Body>(https);
-    over(config, hyper)
+    over(config, hyper, limits)
 }
 
 /// kube's stack for `config` (its base URI, retries of server errors when `default_retry`,
-/// auth, extra headers) on `hyper`, the HTTP client the caller built.
+/// auth, extra headers) on `hyper`, the HTTP client the caller built; answers are read within
+/// `limits` if given.
 pub fn over<C>(
     config: &kube::Config,
     hyper: hyper_util::client::legacy::Client<C, kube::client::Body>,
+    limits: Option<ReadLimits>,
 ) -> Result<Client, kube::Error>
 where
     C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
@@ -64,6 +75,7 @@ where
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(tower::BoxError::from)
+        .layer(ReadLimitLayer(limits))
         .service(hyper);
     Ok(Client::new(service, config.default_namespace.clone()))
 }
@@ -88,7 +100,8 @@ fn root_from(config: &kube::Config) -> anyhow::Result<Client> {
     }
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
-    build(config, tcp).map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
+    // The root is trusted: its answers are not limited here.
+    build(config, tcp, None).map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
 }
 
 #[cfg(test)]

@@ -79,6 +79,11 @@ pub struct Metrics {
     /// Virtual nodes this replica took over (created, taken from a replica gone, or handed
     /// back to it).
     pub virtual_node_takeovers: Counter,
+
+    // Leaf bounds: what a leaf sent past relaylet's limits.
+    /// Answers read from a leaf past a limit (`watch_line`, `body`, `error_body`), and times a
+    /// leaf held more pods or nodes than relaylet keeps (`pods`, `nodes`), by leaf and limit.
+    pub leaf_limits_exceeded: Family<LeafConnectionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -219,8 +224,16 @@ impl Metrics {
             "Virtual nodes this replica took over: created, taken from a replica gone, or handed back to it",
             virtual_node_takeovers.clone(),
         );
+        // Leaf bounds.
+        let leaf_limits_exceeded = Family::<LeafConnectionLabels, Counter>::default();
+        registry.register(
+            "leaf_limit_exceeded",
+            "Answers from a leaf read past relaylet's limit (limit=watch_line, body, error_body: the call failed) and times a leaf held more pods or nodes than relaylet keeps (limit=pods, nodes: its watch was dropped), by leaf and limit",
+            leaf_limits_exceeded.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
+            leaf_limits_exceeded,
             virtual_nodes_served,
             virtual_node_takeovers,
             leaf_secret_refusals,
@@ -305,6 +318,13 @@ impl Metrics {
     /// Counts one write of a held virtual Node that found it changed (a 409).
     pub fn node_write_conflict(&self) {
         self.node_write_conflicts.inc();
+    }
+
+    /// Counts one time leaf `leaf` went past limit `limit` (see `leaf_limits_exceeded`).
+    pub fn leaf_limit_exceeded(&self, leaf: &str, limit: &'static str) {
+        self.leaf_limits_exceeded
+            .get_or_create(&[("leaf", leaf.to_string()), ("limit", limit.to_string())])
+            .inc();
     }
 
     /// The exposition text of every metric.

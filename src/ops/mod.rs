@@ -1,7 +1,8 @@
 //! What every subsystem runs on, and what operators see of it.
 //!
 //! - Connections: `listener` (accepting until shutdown), `read_ahead` (large reads under TLS),
-//!   `api_client` (the kube client of ordinary calls to the root and to each leaf).
+//!   `api_client` (the kube client of ordinary calls to the root and to each leaf),
+//!   `read_limits` (how much of one leaf answer is read).
 //! - Caps: `limits` (connections, sessions and log streams against the configured caps),
 //!   `token_bucket` (the budget of work strangers can cause).
 //! - Lifecycle: `shutdown` (hand-over, drain, grace period), `memory` (freed memory given back).
@@ -17,6 +18,7 @@ pub mod listener;
 pub mod memory;
 pub mod metrics;
 pub mod read_ahead;
+pub mod read_limits;
 pub mod shutdown;
 pub mod telemetry;
 pub mod token_bucket;

@@ -139,7 +139,8 @@ pub async fn verify(
                 leaf: leaf.name.clone(),
                 leaf_namespace: target.namespace.clone(),
                 code: status.code,
-                message: status.message,
+                // The leaf's own text: quoted short before it reaches the caller and the log.
+                message: crate::model::quote::quote(&status.message),
             },
             source => CounterpartError::Unreachable {
                 pod: target.name.clone(),

@@ -144,10 +144,14 @@ pub fn capacity<'a>(
 pub enum Health {
     /// `/readyz` answered ok and at least one node is Ready.
     Ready { ready_nodes: usize },
-    /// The leaf apiserver could not be reached or is not ready.
+    /// The leaf apiserver could not be reached or is not ready (why: leaf text in it quoted
+    /// short, see `leaf::proxy::chain`).
     Unreachable(String),
     /// The apiserver is fine but no node is Ready and schedulable.
     NoReadyNode,
+    /// The leaf holds more pods or nodes than relaylet keeps, or sent an answer past relaylet's
+    /// read limits: its watch was dropped and is retried later (why, in a few words).
+    TooLarge(String),
 }
 
 /// The Node conditions for `health`, keeping transition times of conditions that did not
@@ -169,6 +173,7 @@ pub fn conditions(health: &Health, now: &Time, previous: &[NodeCondition]) -> Ve
             "LeafNoReadyNode",
             "leaf cluster has no Ready, schedulable node".to_string(),
         ),
+        Health::TooLarge(why) => ("False", "LeafTooLarge", why.clone()),
     };
     let mut out = vec![condition("Ready", ready, reason, &message, now, previous)];
     for (type_, reason, message) in [

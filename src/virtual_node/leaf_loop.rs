@@ -32,7 +32,12 @@ const STATUS_HEARTBEAT: Duration = Duration::from_secs(60);
 impl Controller {
     /// Keeps one leaf's Node and Lease up to date.
     pub(super) async fn run_leaf(self: Arc<Self>, leaf: Arc<Leaf>) {
-        let watch = LeafWatch::start(&leaf.client);
+        let watch = LeafWatch::start(
+            &leaf.name,
+            &leaf.client,
+            self.config.leaf_bounds,
+            &self.metrics,
+        );
         let mut state = LeafLoop {
             health: Health::Unreachable("not probed yet".to_string()),
             probed_at: None,

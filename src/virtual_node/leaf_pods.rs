@@ -4,17 +4,16 @@
 //! records cost, and the memory goes when the pods do.
 //!
 //! Kept from one watch of the leaf's pods, decoded as [`SlimPod`]s (the rest of each pod's JSON
-//! is skipped while it is read); each is reduced to its [`PodFacts`] as it arrives.
+//! is skipped while it is read); each is reduced to its [`PodFacts`] as it arrives. At most
+//! `LEAF_MAX_PODS` are kept: past that the watch is dropped and retried later
+//! (`leaf_objects`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
+use super::leaf_objects::{Bound, Kept, LeafObjects, State};
 use crate::model::quantity::Milli;
 use crate::model::slim_pod::SlimPod;
 
@@ -32,16 +31,13 @@ pub struct PodFacts {
     pub requests: Box<[(Arc<str>, Milli)]>,
 }
 
-/// A live, compact view of one leaf's pods; its watch stops when this is dropped.
-pub struct LeafPods {
-    facts: Arc<RwLock<Facts>>,
-    listed: watch::Receiver<bool>,
-    task: JoinHandle<()>,
-}
+/// A live, compact view of one leaf's pods, at most `LEAF_MAX_PODS` of them; its watch stops
+/// when this is dropped.
+pub struct LeafPods(LeafObjects<Facts>);
 
 /// The map, and the strings its records share.
 #[derive(Default)]
-struct Facts {
+pub struct Facts {
     pods: HashMap<PodKey, PodFacts>,
     names: HashSet<Arc<str>>,
 }
@@ -120,78 +116,53 @@ fn key_of(pod: &SlimPod) -> Option<PodKey> {
     ))
 }
 
-impl LeafPods {
-    /// Starts watching the pods of the leaf `client` reaches.
-    pub fn start(client: &Client) -> LeafPods {
-        let facts = Arc::new(RwLock::new(Facts::default()));
-        let (listed_tx, listed) = watch::channel(false);
-        let api: Api<SlimPod> = Api::all(client.clone());
-        let task = tokio::spawn({
-            let facts = facts.clone();
-            async move {
-                let mut events = watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .boxed();
-                // A relist builds the map anew beside the old one, then swaps it in.
-                let mut relisting: Option<HashMap<PodKey, PodFacts>> = None;
-                while let Some(event) = events.next().await {
-                    crate::ops::memory::decoded();
-                    let mut facts = facts.write().unwrap_or_else(|e| e.into_inner());
-                    match event {
-                        Ok(watcher::Event::Init) => relisting = Some(HashMap::new()),
-                        Ok(watcher::Event::InitApply(pod)) => {
-                            if let (Some(key), Some(map)) = (key_of(&pod), relisting.as_mut()) {
-                                let record = facts.facts_of(&pod);
-                                map.insert(key, record);
-                            }
-                        }
-                        Ok(watcher::Event::InitDone) => {
-                            if let Some(map) = relisting.take() {
-                                facts.pods = map;
-                                facts.names.retain(|name| Arc::strong_count(name) > 1);
-                            }
-                            listed_tx.send_replace(true);
-                        }
-                        Ok(watcher::Event::Apply(pod)) => {
-                            if let Some(key) = key_of(&pod) {
-                                let record = facts.facts_of(&pod);
-                                facts.pods.insert(key, record);
-                            }
-                        }
-                        Ok(watcher::Event::Delete(pod)) => {
-                            if let Some(key) = key_of(&pod) {
-                                facts.pods.remove(&key);
-                                facts.tidy();
-                            }
-                        }
-                        Err(err) => tracing::debug!(%err, "leaf pod watch error (retrying)"),
-                    }
-                }
-            }
-        });
-        LeafPods {
-            facts,
-            listed,
-            task,
+impl Kept for Facts {
+    type Object = SlimPod;
+    const WHAT: &'static str = "pods";
+    const BOUND_VAR: &'static str = "LEAF_MAX_PODS";
+    /// A pod is a few KiB of JSON (its spec, status and managedFields; up to ~10 KiB with many
+    /// containers or env): a page of 200 is 0.5-2 MiB, an eighth of `MAX_BODY` at most, and a
+    /// page that reached `MAX_BODY` would need pods of 80 KiB on average. 150,000 pods are 750
+    /// pages.
+    const PAGE_SIZE: u32 = 200;
+
+    fn count(&self) -> usize {
+        self.pods.len()
+    }
+
+    fn apply(&mut self, pod: &SlimPod) {
+        if let Some(key) = key_of(pod) {
+            let record = self.facts_of(pod);
+            self.pods.insert(key, record);
         }
     }
 
-    /// Waits until the pods have been listed once.
-    pub async fn listed(&self) -> bool {
-        let mut listed = self.listed.clone();
-        listed.wait_for(|l| *l).await.is_ok()
+    fn delete(&mut self, pod: &SlimPod) {
+        if let Some(key) = key_of(pod) {
+            self.pods.remove(&key);
+        }
+    }
+
+    fn tidy(&mut self) {
+        Facts::tidy(self);
+    }
+}
+
+impl LeafPods {
+    /// Starts watching the pods of the leaf `client` reaches, keeping at most `bound.max`.
+    pub fn start(client: &Client, bound: Bound) -> LeafPods {
+        LeafPods(LeafObjects::start(Api::all(client.clone()), bound))
+    }
+
+    /// Waits until the pods have been listed once, or the watch was dropped; the state then.
+    pub async fn settled(&self) -> State {
+        self.0.settled().await
     }
 
     /// `f` of the pods kept now, keyed by namespace and name (read under a lock: keep `f`
     /// short).
     pub fn read<T>(&self, f: impl FnOnce(&HashMap<PodKey, PodFacts>) -> T) -> T {
-        f(&self.facts.read().unwrap_or_else(|e| e.into_inner()).pods)
-    }
-}
-
-impl Drop for LeafPods {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.0.read(|facts| f(&facts.pods))
     }
 }
 

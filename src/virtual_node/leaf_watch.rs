@@ -1,54 +1,82 @@
 //! A live view of one leaf cluster's nodes and pods, plus its health and version, from which its
 //! virtual Node is computed. Only what the Node needs is kept: leaf nodes without their image
 //! lists, annotations and managed fields (a real node's image list alone can be tens of KiB),
-//! leaf pods as [`PodFacts`](super::leaf_pods::PodFacts).
+//! leaf pods as [`PodFacts`](super::leaf_pods::PodFacts); and no more of either than
+//! `LEAF_MAX_NODES` and `LEAF_MAX_PODS` (`leaf_objects`). Text the leaf sends (its `/readyz`
+//! answer, its errors) is quoted short before it goes anywhere.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use tokio::task::JoinHandle;
 
 use super::desired::{Health, schedulable_and_ready};
+use super::leaf_objects::{Bound, Kept, LeafObjects, State};
 use super::leaf_pods::LeafPods;
+use crate::config::LeafBounds;
+use crate::ops::metrics::Metrics;
 
 /// How long a health probe of the leaf apiserver may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A reflector over a leaf's nodes and the compact record of its pods; stopped when dropped.
+/// The stripped nodes of a leaf and the compact record of its pods, each within its bound;
+/// both watches stop when this is dropped.
 pub struct LeafWatch {
-    pub nodes: Store<Node>,
+    nodes: LeafObjects<LeafNodes>,
     pub pods: LeafPods,
-    task: JoinHandle<()>,
 }
 
 impl LeafWatch {
-    pub fn start(client: &Client) -> LeafWatch {
-        let (nodes, task) = reflect_nodes(Api::all(client.clone()));
+    /// Starts watching leaf `leaf`'s nodes and pods through `client`, within `bounds`; overflows
+    /// are counted in `metrics`.
+    pub fn start(leaf: &str, client: &Client, bounds: LeafBounds, metrics: &Metrics) -> LeafWatch {
+        let bound = |max| Bound {
+            leaf: leaf.to_string(),
+            max,
+            metrics: metrics.clone(),
+        };
         LeafWatch {
-            nodes,
-            pods: LeafPods::start(client),
-            task,
+            nodes: LeafObjects::start(Api::all(client.clone()), bound(bounds.max_nodes)),
+            pods: LeafPods::start(client, bound(bounds.max_pods)),
         }
     }
 
-    /// The leaf's nodes by name. The reflector's store is a hash map: without a fixed order the
-    /// Node's address list (and node info, taken from the first node) could change order between
-    /// rounds or replicas and be rewritten for nothing.
+    /// The leaf's nodes by name: in a fixed order, so the Node's address list (and node info,
+    /// taken from the first node) does not change order between rounds or replicas and get
+    /// rewritten for nothing.
     pub fn node_list(&self) -> Vec<Node> {
-        let mut nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
-        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        nodes
+        self.nodes.read(|nodes| nodes.0.values().cloned().collect())
     }
 }
 
-impl Drop for LeafWatch {
-    fn drop(&mut self) {
-        self.task.abort();
+/// A leaf's nodes, stripped, by name.
+#[derive(Default)]
+pub struct LeafNodes(BTreeMap<String, Node>);
+
+impl Kept for LeafNodes {
+    type Object = Node;
+    const WHAT: &'static str = "nodes";
+    const BOUND_VAR: &'static str = "LEAF_MAX_NODES";
+    /// A node is 5-30 KiB of JSON (the kubelet reports at most 50 images; managedFields): a
+    /// page of 50 is at most about 1.5 MiB, a tenth of `MAX_BODY`. 5,000 nodes are 100 pages.
+    const PAGE_SIZE: u32 = 50;
+
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    fn apply(&mut self, node: &Node) {
+        if let Some(name) = &node.metadata.name {
+            self.0.insert(name.clone(), stripped(node.clone()));
+        }
+    }
+
+    fn delete(&mut self, node: &Node) {
+        if let Some(name) = &node.metadata.name {
+            self.0.remove(name);
+        }
     }
 }
 
@@ -84,23 +112,6 @@ fn stripped(node: Node) -> Node {
     }
 }
 
-fn reflect_nodes(api: Api<Node>) -> (Store<Node>, JoinHandle<()>) {
-    let (reader, writer) = reflector::store();
-    let nodes = watcher(api, watcher::Config::default())
-        .modify(|node| *node = stripped(std::mem::take(node)));
-    let stream = reflector::reflector(writer, nodes).default_backoff();
-    let task = tokio::spawn(async move {
-        stream
-            .for_each(|event| async move {
-                if let Err(err) = event {
-                    tracing::debug!(%err, "leaf watch error (retrying)");
-                }
-            })
-            .await;
-    });
-    (reader, task)
-}
-
 /// Probes the leaf apiserver's `/readyz` and counts Ready, schedulable nodes.
 pub async fn probe(client: &Client, watch: &LeafWatch) -> Health {
     let request = match http::Request::get("/readyz").body(Vec::new()) {
@@ -111,35 +122,34 @@ pub async fn probe(client: &Client, watch: &LeafWatch) -> Health {
         Err(_) => {
             return Health::Unreachable(format!("/readyz did not answer within {PROBE_TIMEOUT:?}"));
         }
-        // hyper's own message ("client error (Connect)") leaves the cause out.
+        // hyper's own message ("client error (Connect)") leaves the cause out; `chain` quotes
+        // what the leaf said, short and once.
         Ok(Err(err)) => {
             return Health::Unreachable(format!("/readyz: {}", crate::leaf::proxy::chain(&err)));
         }
         Ok(Ok(_)) => {}
     }
-    // Until the watches have listed once, the stores are empty: counting now would report a
+    // Until the watches have listed once, the records are empty: counting now would report a
     // healthy leaf as having no Ready node (and flip an existing Ready Node to NotReady on every
-    // relaylet start or new leaf), and its capacity as zero.
-    let listed = async {
-        watch.nodes.wait_until_ready().await?;
-        Ok::<bool, kube::runtime::reflector::store::WriterDropped>(watch.pods.listed().await)
-    };
-    match tokio::time::timeout(PROBE_TIMEOUT, listed).await {
-        Ok(Ok(true)) => {}
-        Ok(Ok(false)) => return Health::Unreachable("leaf pod watch stopped".to_string()),
-        Ok(Err(err)) => return Health::Unreachable(format!("leaf watch stopped: {err}")),
+    // relaylet start or new leaf), and its capacity as zero. A watch dropped for going past a
+    // bound says why.
+    let settled = async { (watch.nodes.settled().await, watch.pods.settled().await) };
+    match tokio::time::timeout(PROBE_TIMEOUT, settled).await {
+        Ok((State::Dropped(why), _) | (_, State::Dropped(why))) => return Health::TooLarge(why),
+        Ok(_) => {}
         Err(_) => {
             return Health::Unreachable(format!(
                 "leaf nodes and pods were not listed within {PROBE_TIMEOUT:?}"
             ));
         }
     }
-    let ready_nodes = watch
-        .nodes
-        .state()
-        .iter()
-        .filter(|n| schedulable_and_ready(n))
-        .count();
+    let ready_nodes = watch.nodes.read(|nodes| {
+        nodes
+            .0
+            .values()
+            .filter(|n| schedulable_and_ready(n))
+            .count()
+    });
     if ready_nodes == 0 {
         Health::NoReadyNode
     } else {

@@ -21,10 +21,12 @@
 //!
 //! This file keeps the set of loops (one per registered leaf, orphans removed) and writes the
 //! Node object; `leaf_loop` is one leaf's loop, `node_lease` its Lease, `desired` what the Node
-//! should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods).
+//! should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods,
+//! `leaf_objects` the bounded watch both its nodes and pods are kept by).
 
 pub mod desired;
 mod leaf_loop;
+pub mod leaf_objects;
 pub mod leaf_pods;
 pub mod leaf_watch;
 mod node_lease;

@@ -1,0 +1,230 @@
+//! One watch of one kind of leaf object (its pods, its nodes), kept within bounds: the compact
+//! records a [`Kept`] makes of them, never more than a set number per leaf.
+//!
+//! A leaf is not trusted: it may hold (or claim to hold) more objects than relaylet should keep,
+//! or send an answer past relaylet's read limits (`ops::read_limits`). Either way this watch is
+//! dropped and what it held is freed; the watch tries again later, with a backoff of its own
+//! (30 s, doubling up to 10 min) so a leaf that stays too large costs one list now and then.
+//! Meanwhile [`State::Dropped`] says why in a few words, which the leaf's virtual Node shows
+//! (`LeafTooLarge`), and the metric `relaylet_leaf_limit_exceeded_total` counts it. Nothing here
+//! touches another leaf.
+//!
+//! Lists are paginated (each kind's [`Kept::PAGE_SIZE`]), so a list page is a small part of the
+//! read limit on one answer. A relist builds the records anew beside the old ones and swaps them
+//! in when complete, stopping as soon as it passes the bound: at most twice the bound is held.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::ops::metrics::Metrics;
+use crate::ops::read_limits::OverLimit;
+
+/// The first wait before a dropped watch tries again.
+const FIRST_RETRY: Duration = Duration::from_secs(30);
+/// The longest wait; a watch that stayed within bounds this long starts again from the first.
+const MAX_RETRY: Duration = Duration::from_secs(600);
+
+/// The records kept of one kind of leaf object.
+pub trait Kept: Default + Send + Sync + 'static {
+    type Object: kube::Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static;
+    /// The kind in messages and the metric's `limit` label (`pods`, `nodes`).
+    const WHAT: &'static str;
+    /// The env var that sets the bound, named in messages.
+    const BOUND_VAR: &'static str;
+    /// Objects per LIST page.
+    const PAGE_SIZE: u32;
+    /// How many objects are kept.
+    fn count(&self) -> usize;
+    /// Keeps `object` (added or changed).
+    fn apply(&mut self, object: &Self::Object);
+    /// Forgets `object`.
+    fn delete(&mut self, object: &Self::Object);
+    /// Gives memory back when little of it is used (after deletes and relists).
+    fn tidy(&mut self) {}
+}
+
+/// Where a bounded watch stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Not listed yet.
+    Listing,
+    /// Listed, and watched since.
+    Listed,
+    /// Dropped, and nothing kept: why, in a few words (retried later).
+    Dropped(String),
+}
+
+/// Why a watch was dropped.
+enum Over {
+    /// The leaf held more objects than the bound.
+    Count,
+    /// An answer went over a read limit (counted where it was read).
+    Read(OverLimit),
+    /// The watch ended (kube's watcher never ends; were it to, it is retried the same way).
+    Ended,
+}
+
+/// Which leaf a watch belongs to, its bound, and where overflows are counted.
+#[derive(Clone)]
+pub struct Bound {
+    pub leaf: String,
+    pub max: usize,
+    pub metrics: Metrics,
+}
+
+/// A live, bounded set of records of one kind of leaf object; its watch stops when this is
+/// dropped.
+pub struct LeafObjects<K: Kept> {
+    kept: Arc<RwLock<K>>,
+    state: watch::Receiver<State>,
+    task: JoinHandle<()>,
+}
+
+impl<K: Kept> LeafObjects<K> {
+    /// Starts watching every object of `api` within `bound`.
+    pub fn start(api: Api<K::Object>, bound: Bound) -> LeafObjects<K> {
+        let kept = Arc::new(RwLock::new(K::default()));
+        let (state_tx, state) = watch::channel(State::Listing);
+        let task = tokio::spawn(run(api, kept.clone(), state_tx, bound));
+        LeafObjects { kept, state, task }
+    }
+
+    /// `f` of the records kept now (read under a lock: keep `f` short).
+    pub fn read<T>(&self, f: impl FnOnce(&K) -> T) -> T {
+        f(&self.kept.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Waits until the objects have been listed once, or the watch was dropped; the state then.
+    pub async fn settled(&self) -> State {
+        let mut state = self.state.clone();
+        match state.wait_for(|s| *s != State::Listing).await {
+            Ok(s) => s.clone(),
+            // The task ended, which it only does when aborted.
+            Err(_) => State::Dropped(format!("the leaf {} watch stopped", K::WHAT)),
+        }
+    }
+}
+
+impl<K: Kept> Drop for LeafObjects<K> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Watches until dropped; after each overflow frees the records, says why, waits, and starts
+/// over.
+async fn run<K: Kept>(
+    api: Api<K::Object>,
+    kept: Arc<RwLock<K>>,
+    state: watch::Sender<State>,
+    bound: Bound,
+) {
+    let mut retry = FIRST_RETRY;
+    loop {
+        let (over, listed_at) = watch_until_over(&api, &kept, &state, bound.max).await;
+        *kept.write().unwrap_or_else(|e| e.into_inner()) = K::default();
+        crate::ops::memory::decoded();
+        if listed_at.is_some_and(|at| at.elapsed() >= MAX_RETRY) {
+            retry = FIRST_RETRY;
+        }
+        let why = match over {
+            Over::Count => {
+                bound.metrics.leaf_limit_exceeded(&bound.leaf, K::WHAT);
+                format!(
+                    "leaf cluster has more than {} {} ({}); relaylet stopped watching its {} and tries again in {}s",
+                    bound.max,
+                    K::WHAT,
+                    K::BOUND_VAR,
+                    K::WHAT,
+                    retry.as_secs()
+                )
+            }
+            Over::Read(over) => format!(
+                "watching leaf {}: {over}; relaylet stopped watching its {} and tries again in {}s",
+                K::WHAT,
+                K::WHAT,
+                retry.as_secs()
+            ),
+            Over::Ended => format!(
+                "the leaf {} watch ended; relaylet tries again in {}s",
+                K::WHAT,
+                retry.as_secs()
+            ),
+        };
+        tracing::warn!(leaf = %bound.leaf, what = K::WHAT, "{why}");
+        state.send_replace(State::Dropped(why));
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(MAX_RETRY);
+    }
+}
+
+/// Runs one watch until the leaf goes past a bound: why, and since when it had been listed.
+async fn watch_until_over<K: Kept>(
+    api: &Api<K::Object>,
+    kept: &RwLock<K>,
+    state: &watch::Sender<State>,
+    max: usize,
+) -> (Over, Option<Instant>) {
+    let config = watcher::Config::default().page_size(K::PAGE_SIZE);
+    let mut events = watcher(api.clone(), config).default_backoff().boxed();
+    // A relist builds the records anew beside the old ones, then swaps them in.
+    let mut relisting: Option<K> = None;
+    let mut listed_at = None;
+    while let Some(event) = events.next().await {
+        crate::ops::memory::decoded();
+        match event {
+            Ok(watcher::Event::Init) => relisting = Some(K::default()),
+            Ok(watcher::Event::InitApply(object)) => {
+                if let Some(fresh) = relisting.as_mut() {
+                    fresh.apply(&object);
+                    if fresh.count() > max {
+                        return (Over::Count, listed_at);
+                    }
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(fresh) = relisting.take() {
+                    let mut kept = kept.write().unwrap_or_else(|e| e.into_inner());
+                    *kept = fresh;
+                    kept.tidy();
+                }
+                listed_at.get_or_insert_with(Instant::now);
+                state.send_replace(State::Listed);
+            }
+            Ok(watcher::Event::Apply(object)) => {
+                let mut kept = kept.write().unwrap_or_else(|e| e.into_inner());
+                kept.apply(&object);
+                if kept.count() > max {
+                    return (Over::Count, listed_at);
+                }
+            }
+            Ok(watcher::Event::Delete(object)) => {
+                let mut kept = kept.write().unwrap_or_else(|e| e.into_inner());
+                kept.delete(&object);
+                kept.tidy();
+            }
+            Err(err) => {
+                if let Some(over) = OverLimit::find(&err) {
+                    return (Over::Read(over), listed_at);
+                }
+                // The leaf's text, if any, quoted short once.
+                let err = crate::leaf::proxy::chain(&err);
+                tracing::debug!(%err, what = K::WHAT, "leaf watch error (retrying)");
+            }
+        }
+    }
+    (Over::Ended, listed_at)
+}
