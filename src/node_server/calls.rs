@@ -109,12 +109,17 @@ pub(super) async fn call(
         })?;
 
     // Every stream, log streams as much as sessions, holds a caller connection and a leaf
-    // connection for as long as it runs: each counts against its caps.
-    let permit = server.gate.stream(kreq.kind, &caller.user).map_err(|err| {
-        tracing::warn!(user = %caller.user, verb = %kreq.kind, %err, "stream refused");
-        server.metrics.limit_refusal(err.cap());
-        Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
-    })?;
+    // connection for as long as it runs: each counts against its caps, in total, per user and
+    // per namespace (behind the root apiserver every call is the apiserver's: the pod's
+    // namespace is what tells tenants apart).
+    let permit = server
+        .gate
+        .stream(kreq.kind, &caller.user, &kreq.namespace)
+        .map_err(|err| {
+            tracing::warn!(user = %caller.user, verb = %kreq.kind, namespace = %kreq.namespace, %err, "stream refused");
+            server.metrics.limit_refusal(err.cap());
+            Refusal::new(err.status(), err.to_string())
+        })?;
     let path = kreq.leaf_path(&target.namespace, &target.name);
     let info = SessionInfo {
         kind: kreq.kind,

@@ -3,6 +3,7 @@
 //! - Connections: `listener` (accepting until shutdown), `read_ahead` (large reads under TLS),
 //!   `api_client` (the kube client of ordinary calls to the root and to each leaf).
 //! - Caps: `limits` (connections, sessions and log streams against the configured caps),
+//!   `proven` (the certificate callers authorized lately, who skip the small budget),
 //!   `token_bucket` (the budget of work strangers can cause).
 //! - Lifecycle: `shutdown` (hand-over, drain, grace period), `memory` (freed memory given back).
 //! - Seen by operators: `metrics` (Prometheus), `health` (the operations port: `/metrics`,
@@ -16,6 +17,7 @@ pub mod limits;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
+pub mod proven;
 pub mod read_ahead;
 pub mod shutdown;
 pub mod telemetry;
