@@ -1,8 +1,10 @@
 //! Counts open connections, streaming sessions and log streams against the configured caps.
 //!
 //! A permit is taken when a connection is accepted or a stream starts and given back when it is
-//! dropped, so counts can never leak on an error path. Past a cap the caller is told so (a 503,
-//! or a 429 for a namespace's share), and everyone else keeps being served.
+//! dropped, so counts can never leak on an error path. Past a cap the caller is told so with a
+//! 503, and everyone else keeps being served. (A namespace over its share gets a 503 too, not a
+//! 429: the root apiserver turns a kubelet's 429 for `pods/log` into a generic "too many
+//! requests" and drops the message, while it passes a 503's on.)
 //!
 //! # Connections: small until authorized
 //!
@@ -58,8 +60,6 @@ use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-use http::StatusCode;
 
 use crate::config::Limits;
 use crate::model::kubelet_request::Kind;
@@ -127,17 +127,6 @@ impl LimitError {
             LimitError::LogStreamsPerNamespace { .. } => "log_streams_per_namespace",
         }
     }
-
-    /// The HTTP status of the refusal: 429 when a namespace has taken its share (the call may
-    /// succeed once that namespace's streams end), else 503 (relaylet or this caller is full).
-    pub fn status(&self) -> StatusCode {
-        match self {
-            LimitError::SessionsPerNamespace { .. } | LimitError::LogStreamsPerNamespace { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
-            _ => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
 }
 
 /// The counters, and the identities proven lately. Shared by every connection of every port.
@@ -176,22 +165,23 @@ impl CertCaller {
 /// An open connection's permits.
 pub struct ConnectionPermit {
     _connection: Permit<IpAddr>,
-    large_head: Option<Permit<()>>,
     /// Shared with its requests, which give the unproven permit back once one is authorized.
     pub standing: Standing,
+    large_head: bool,
 }
 
 impl ConnectionPermit {
     /// Whether the connection may send large request heads (a proven caller's, while there
     /// is room under `MAX_LARGE_HEAD_CONNECTIONS`).
     pub fn large_head(&self) -> bool {
-        self.large_head.is_some()
+        self.large_head
     }
 }
 
 /// Where a connection stands: its unproven permit until one of its requests is authorized,
-/// and the certificate identity that an authorization proves. Cheap to clone (its requests
-/// share it); the default stands for nothing (a refused connection).
+/// the certificate identity that an authorization proves, and its large head permit while it
+/// may still read request heads. Cheap to clone (its requests share it); the default stands for
+/// nothing (a refused connection).
 #[derive(Clone, Default)]
 pub struct Standing(Option<Arc<StandingInner>>);
 
@@ -199,6 +189,7 @@ struct StandingInner {
     gate: Arc<Gate>,
     identity: Option<Identity>,
     unproven: Mutex<Option<UnprovenPermit>>,
+    large_head: Mutex<Option<Permit<()>>>,
 }
 
 /// A place in the unproven budget: per source, and per user for a certificate.
@@ -219,6 +210,18 @@ impl Standing {
             .take();
         if let Some(identity) = inner.identity {
             inner.gate.proven.mark(identity);
+        }
+    }
+
+    /// The connection carries a stream now and reads no further request head (its answer
+    /// closes it after the stream): its large head permit goes to another connection.
+    pub fn streaming(&self) {
+        if let Some(inner) = &self.0 {
+            inner
+                .large_head
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
         }
     }
 
@@ -315,11 +318,12 @@ impl Gate {
         };
         Ok(ConnectionPermit {
             _connection: connection,
-            large_head,
+            large_head: large_head.is_some(),
             standing: Standing(Some(Arc::new(StandingInner {
                 gate: self.clone(),
                 identity: cert.map(|c| c.identity),
                 unproven: Mutex::new(unproven),
+                large_head: Mutex::new(large_head),
             }))),
         })
     }
@@ -761,6 +765,14 @@ mod tests {
         let large: Vec<bool> = held.iter().map(ConnectionPermit::large_head).collect();
         assert_eq!(large, [true, true, false]);
         assert_eq!(gate.open_large_heads(), 2);
+        // A connection that carries a stream reads no further head: its permit moves on.
+        held[0].standing.streaming();
+        assert_eq!(gate.open_large_heads(), 1);
+        assert!(
+            gate.tls_connection(ip, Some(&apiserver), true)
+                .unwrap()
+                .large_head()
+        );
         drop(held);
         assert_eq!(gate.open_large_heads(), 0);
     }
@@ -816,9 +828,7 @@ mod tests {
                 max: 2
             })
         );
-        let refused = refused.unwrap();
-        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(refused.cap(), "sessions_per_namespace");
+        assert_eq!(refused.unwrap().cap(), "sessions_per_namespace");
         // The refusal took nothing: the total still counts two.
         assert_eq!(gate.open_sessions(), 2);
         assert!(gate.stream(Kind::PortForward, apiserver, "team-b").is_ok());
