@@ -106,7 +106,7 @@ pub(super) async fn call(
                 %err,
                 "call refused: no proven leaf counterpart"
             );
-            Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+            Refusal::new(err.status(), err.to_string())
         })?;
 
     // Every stream, log streams as much as sessions, holds a caller connection and a leaf
