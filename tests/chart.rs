@@ -1847,9 +1847,9 @@ fn drains_are_never_blocked_and_memory_follows_every_cap() {
             .0
             .clone()
     };
-    // 64 MiB + KiB: 3072 connections x 40 + 1024 handshakes x 16 + 64 large heads x 128 +
-    // 4096 sessions x 48 + 1024 log streams x 48 = 393,216 KiB (384 MiB).
-    assert_eq!(memory_limit(&r), "448Mi");
+    // 64 MiB + KiB: 3072 connections x 48 + 1024 handshakes x 16 + 64 large heads x 128 +
+    // 4096 sessions x 48 + 1024 log streams x 48 = 417,792 KiB (408 MiB).
+    assert_eq!(memory_limit(&r), "472Mi");
     assert_eq!(r.env_value("MAX_SESSIONS"), Some("4096"));
     assert_eq!(r.env_value("MAX_SESSIONS_PER_USER"), Some("4096"));
     assert_eq!(r.env_value("MAX_CONNECTIONS"), Some("3072"));
@@ -1871,21 +1871,21 @@ fn drains_are_never_blocked_and_memory_follows_every_cap() {
     assert_eq!(r.env_value("MAX_LOG_STREAMS_PER_NAMESPACE"), Some("256"));
     // Every cap moves it: 12,288 more sessions x 48 KiB = 576 MiB more.
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxSessions=16384"]));
-    assert_eq!(memory_limit(&r), "1024Mi");
+    assert_eq!(memory_limit(&r), "1048Mi");
     assert_eq!(r.env_value("MAX_SESSIONS"), Some("16384"));
     assert_eq!(r.env_value("MAX_SESSIONS_PER_NAMESPACE"), Some("4096"));
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxLogStreams=2048"]));
-    assert_eq!(memory_limit(&r), "496Mi");
+    assert_eq!(memory_limit(&r), "520Mi");
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxConnections=4096"]));
-    assert_eq!(memory_limit(&r), "488Mi");
+    assert_eq!(memory_limit(&r), "520Mi");
     let r = Rendered::render(
         &ValueSet::defaults().with(&["--set", "limits.maxLargeHeadConnections=128"]),
     );
-    assert_eq!(memory_limit(&r), "456Mi");
+    assert_eq!(memory_limit(&r), "480Mi");
     let r = Rendered::render(
         &ValueSet::defaults().with(&["--set", "limits.maxPendingHandshakes=2048"]),
     );
-    assert_eq!(memory_limit(&r), "464Mi");
+    assert_eq!(memory_limit(&r), "488Mi");
     // A share given is kept.
     let r = Rendered::render(&ValueSet::defaults().with(&[
         "--set",
