@@ -39,9 +39,10 @@
 //!
 //! A proven connection may send a large request head, but only while fewer than
 //! `MAX_LARGE_HEAD_CONNECTIONS` connections have one (the rest get the small head, never a
-//! refusal): a partial large head costs about a quarter of a MiB, and a proven identity is
-//! still a caller, not the apiserver (any identity the root allows something on the node can
-//! be proven). So every kind of caller's memory is bounded by caps: handshakes, connections
+//! refusal): a partial large head costs about 140 KiB (a small one under 40), and a proven
+//! identity is still a caller, not the apiserver (any identity the root allows something on the
+//! node can be proven). A log stream's connection gives its large head back when the stream
+//! starts (`node_server` closes it after the stream), an upgraded one when it upgrades. So every kind of caller's memory is bounded by caps: handshakes, connections
 //! (each at most a small head), large heads, sessions and log streams; the chart derives its
 //! memory limit from exactly these.
 //!
