@@ -162,20 +162,35 @@ pub struct Limits {
     /// Connections whose TLS handshake is not done yet (`MAX_PENDING_HANDSHAKES`); one address
     /// may hold an eighth of them.
     pub pending_handshakes: usize,
-    /// Connections without a client certificate whose caller has not authenticated yet
-    /// (`MAX_UNAUTHENTICATED_CONNECTIONS`), and from one address
-    /// (`MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT`).
+    /// Connections none of whose requests has been authorized yet, unless their client
+    /// certificate's identity is proven (`MAX_UNAUTHENTICATED_CONNECTIONS`), from one address
+    /// (`MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT`) and of one certificate user
+    /// (`MAX_UNAUTHENTICATED_CONNECTIONS_PER_USER`); see `ops::limits`.
     pub unauthenticated_connections: usize,
     pub unauthenticated_connections_per_client: usize,
+    pub unauthenticated_connections_per_user: usize,
+    /// Connections of proven callers that may send a large request head at once
+    /// (`MAX_LARGE_HEAD_CONNECTIONS`); the others get the small head.
+    pub large_head_connections: usize,
     /// Open exec/attach/port-forward streams in total (`MAX_SESSIONS`).
     pub sessions: usize,
     /// Open streams of one authenticated user (`MAX_SESSIONS_PER_USER`). All calls relayed by
     /// the root apiserver share its kubelet-client identity, so keep this generous.
     pub sessions_per_user: usize,
-    /// Open log streams (`containerLogs`, followed or not) in total (`MAX_LOG_STREAMS`) and of
-    /// one authenticated user (`MAX_LOG_STREAMS_PER_USER`).
+    /// Open streams on pods of one namespace (`MAX_SESSIONS_PER_NAMESPACE`, default a quarter
+    /// of `MAX_SESSIONS`): the share one tenant may take behind the root apiserver.
+    pub sessions_per_namespace: usize,
+    /// Open log streams (`containerLogs`, followed or not) in total (`MAX_LOG_STREAMS`), of
+    /// one authenticated user (`MAX_LOG_STREAMS_PER_USER`) and on pods of one namespace
+    /// (`MAX_LOG_STREAMS_PER_NAMESPACE`, default a quarter of `MAX_LOG_STREAMS`).
     pub log_streams: usize,
     pub log_streams_per_user: usize,
+    pub log_streams_per_namespace: usize,
+}
+
+/// The default share of a total cap one namespace may take.
+pub fn namespace_share(total: usize) -> usize {
+    (total / 4).max(1)
 }
 
 impl Default for Limits {
@@ -186,10 +201,14 @@ impl Default for Limits {
             pending_handshakes: 1024,
             unauthenticated_connections: 256,
             unauthenticated_connections_per_client: 32,
+            unauthenticated_connections_per_user: 16,
+            large_head_connections: 64,
             sessions: 16384,
             sessions_per_user: 8192,
+            sessions_per_namespace: namespace_share(16384),
             log_streams: 1024,
             log_streams_per_user: 1024,
+            log_streams_per_namespace: namespace_share(1024),
         }
     }
 }
@@ -593,6 +612,9 @@ fn log_format(vars: &mut Vars<'_>) -> LogFormat {
 /// The connection and session caps (`MAX_*`).
 fn limits(vars: &mut Vars<'_>) -> Limits {
     let defaults = Limits::default();
+    // The namespace shares default to a quarter of the totals as set.
+    let sessions = vars.count("MAX_SESSIONS", defaults.sessions);
+    let log_streams = vars.count("MAX_LOG_STREAMS", defaults.log_streams);
 
     Limits {
         connections: vars.count("MAX_CONNECTIONS", defaults.connections),
@@ -609,10 +631,23 @@ fn limits(vars: &mut Vars<'_>) -> Limits {
             "MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT",
             defaults.unauthenticated_connections_per_client,
         ),
-        sessions: vars.count("MAX_SESSIONS", defaults.sessions),
+        unauthenticated_connections_per_user: vars.count(
+            "MAX_UNAUTHENTICATED_CONNECTIONS_PER_USER",
+            defaults.unauthenticated_connections_per_user,
+        ),
+        large_head_connections: vars.count(
+            "MAX_LARGE_HEAD_CONNECTIONS",
+            defaults.large_head_connections,
+        ),
+        sessions,
         sessions_per_user: vars.count("MAX_SESSIONS_PER_USER", defaults.sessions_per_user),
-        log_streams: vars.count("MAX_LOG_STREAMS", defaults.log_streams),
+        sessions_per_namespace: vars.count("MAX_SESSIONS_PER_NAMESPACE", namespace_share(sessions)),
+        log_streams,
         log_streams_per_user: vars.count("MAX_LOG_STREAMS_PER_USER", defaults.log_streams_per_user),
+        log_streams_per_namespace: vars.count(
+            "MAX_LOG_STREAMS_PER_NAMESPACE",
+            namespace_share(log_streams),
+        ),
     }
 }
 
@@ -978,6 +1013,49 @@ mod tests {
         .unwrap_err();
         let vars: Vec<_> = err.0.iter().map(|e| e.var).collect();
         assert_eq!(vars, ["LEAF_MAX_PODS", "LEAF_MAX_NODES"]);
+    }
+
+    #[test]
+    fn namespace_shares_default_to_a_quarter_of_the_totals_as_set() {
+        let c = config(&[("LEAF_NODE_IP", "10.0.0.1")]).unwrap();
+        assert_eq!(
+            (
+                c.limits.sessions_per_namespace,
+                c.limits.log_streams_per_namespace
+            ),
+            (4096, 256)
+        );
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("MAX_SESSIONS", "100"),
+            ("MAX_LOG_STREAMS", "2"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                c.limits.sessions_per_namespace,
+                c.limits.log_streams_per_namespace
+            ),
+            (25, 1)
+        );
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("MAX_SESSIONS_PER_NAMESPACE", "7"),
+            ("MAX_LOG_STREAMS_PER_NAMESPACE", "3"),
+            ("MAX_UNAUTHENTICATED_CONNECTIONS_PER_USER", "4"),
+            ("MAX_LARGE_HEAD_CONNECTIONS", "9"),
+        ])
+        .unwrap();
+        assert_eq!(c.limits.sessions_per_namespace, 7);
+        assert_eq!(c.limits.log_streams_per_namespace, 3);
+        assert_eq!(c.limits.unauthenticated_connections_per_user, 4);
+        assert_eq!(c.limits.large_head_connections, 9);
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("MAX_SESSIONS_PER_NAMESPACE", "0"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "MAX_SESSIONS_PER_NAMESPACE");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `AUTH_MODE=x509` authorizes by name: the root client CA signs every real node's kubelet
 //! client certificate (and whatever else its signers approve), so relaylet in that mode serves
-//! only the certificate CNs listed in `X509_ALLOWED_USERS`, and refuses to start without them.
+//! only the certificate CNs listed in `X509_ALLOWED_USERS`, and refuses to start without them;
+//! the others are held to the small head of connections not authorized yet.
 
 use relaylet_dev::testkit as support;
 
@@ -47,6 +48,46 @@ fn only_the_allowed_certificates_are_served() {
             got.body,
             "user \"system:node:worker-1\" is not allowed: AUTH_MODE=x509 serves only the users in X509_ALLOWED_USERS"
         );
+    });
+}
+
+/// The head is read before the request is authorized, so a name not on the list gets only the
+/// small head (and the small budget of connections not authorized yet), however valid its
+/// certificate; the allowed apiserver's connections read large heads.
+#[test]
+fn names_not_on_the_list_get_only_the_small_head() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = env(settings);
+    let apiserver = e.kubelet_client_identity();
+    let kubelet = e
+        .sandbox
+        .root
+        .ca
+        .issue_client("system:node:worker-1", &["system:nodes"])
+        .unwrap();
+    let request = format!(
+        "GET /containerLogs/default/demo-1/main?tailLines=1 HTTP/1.1\r\nHost: relaylet\r\nConnection: close\r\nX-Big: {}\r\n\r\n",
+        "x".repeat(20 * 1024)
+    );
+    let answer = |identity| {
+        let request = request.clone();
+        async move {
+            let mut tls = e.connect_kubelet_api(Some(identity)).await.unwrap();
+            tls.write_all(request.as_bytes()).await.unwrap();
+            let mut got = Vec::new();
+            let read = tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                tls.read_to_end(&mut got),
+            );
+            let _ = read.await.expect("an answer");
+            String::from_utf8_lossy(&got).into_owned()
+        }
+    };
+    RT.block_on(async {
+        let got = answer(&apiserver).await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        let got = answer(&kubelet).await;
+        assert!(got.starts_with("HTTP/1.1 431"), "{got}");
     });
 }
 

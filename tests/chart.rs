@@ -1865,30 +1865,54 @@ fn drains_are_never_blocked_and_memory_follows_every_cap() {
             .0
             .clone()
     };
-    // 64 MiB + KiB: 6144 connections x 16 + 1024 handshakes x 16 + 256 unauthenticated
-    // connections x 32 + 4096 sessions x 32 + 1024 log streams x 48 = 303,104 KiB (296 MiB).
-    assert_eq!(memory_limit(&r), "360Mi");
+    // 64 MiB + KiB: 3072 connections x 48 + 1024 handshakes x 16 + 64 large heads x 128 +
+    // 4096 sessions x 48 + 1024 log streams x 48 = 417,792 KiB (408 MiB).
+    assert_eq!(memory_limit(&r), "472Mi");
     assert_eq!(r.env_value("MAX_SESSIONS"), Some("4096"));
     assert_eq!(r.env_value("MAX_SESSIONS_PER_USER"), Some("4096"));
-    assert_eq!(r.env_value("MAX_CONNECTIONS"), Some("6144"));
+    assert_eq!(r.env_value("MAX_CONNECTIONS"), Some("3072"));
     assert_eq!(r.env_value("MAX_PENDING_HANDSHAKES"), Some("1024"));
     assert_eq!(r.env_value("MAX_UNAUTHENTICATED_CONNECTIONS"), Some("256"));
     assert_eq!(
         r.env_value("MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT"),
         Some("32")
     );
+    assert_eq!(
+        r.env_value("MAX_UNAUTHENTICATED_CONNECTIONS_PER_USER"),
+        Some("16")
+    );
+    assert_eq!(r.env_value("MAX_LARGE_HEAD_CONNECTIONS"), Some("64"));
     assert_eq!(r.env_value("MAX_LOG_STREAMS"), Some("1024"));
     assert_eq!(r.env_value("MAX_LOG_STREAMS_PER_USER"), Some("1024"));
-    // Every cap moves it: 12,288 more sessions x 32 KiB = 384 MiB more.
+    // The namespace shares: a quarter of the totals unless set.
+    assert_eq!(r.env_value("MAX_SESSIONS_PER_NAMESPACE"), Some("1024"));
+    assert_eq!(r.env_value("MAX_LOG_STREAMS_PER_NAMESPACE"), Some("256"));
+    // Every cap moves it: 12,288 more sessions x 48 KiB = 576 MiB more.
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxSessions=16384"]));
-    assert_eq!(memory_limit(&r), "744Mi");
+    assert_eq!(memory_limit(&r), "1048Mi");
     assert_eq!(r.env_value("MAX_SESSIONS"), Some("16384"));
+    assert_eq!(r.env_value("MAX_SESSIONS_PER_NAMESPACE"), Some("4096"));
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxLogStreams=2048"]));
-    assert_eq!(memory_limit(&r), "408Mi");
+    assert_eq!(memory_limit(&r), "520Mi");
+    let r = Rendered::render(&ValueSet::defaults().with(&["--set", "limits.maxConnections=4096"]));
+    assert_eq!(memory_limit(&r), "520Mi");
     let r = Rendered::render(
-        &ValueSet::defaults().with(&["--set", "limits.maxUnauthenticatedConnections=2304"]),
+        &ValueSet::defaults().with(&["--set", "limits.maxLargeHeadConnections=128"]),
     );
-    assert_eq!(memory_limit(&r), "424Mi");
+    assert_eq!(memory_limit(&r), "480Mi");
+    let r = Rendered::render(
+        &ValueSet::defaults().with(&["--set", "limits.maxPendingHandshakes=2048"]),
+    );
+    assert_eq!(memory_limit(&r), "488Mi");
+    // A share given is kept.
+    let r = Rendered::render(&ValueSet::defaults().with(&[
+        "--set",
+        "limits.maxSessionsPerNamespace=100",
+        "--set",
+        "limits.maxLogStreamsPerNamespace=10",
+    ]));
+    assert_eq!(r.env_value("MAX_SESSIONS_PER_NAMESPACE"), Some("100"));
+    assert_eq!(r.env_value("MAX_LOG_STREAMS_PER_NAMESPACE"), Some("10"));
     let r = Rendered::render(&ValueSet::defaults().with(&["--set", "resources.limits.memory=1Gi"]));
     assert_eq!(memory_limit(&r), "1Gi", "a limit given is kept");
     // What relaylet reads from that env is what the chart says.
@@ -1904,6 +1928,10 @@ fn drains_are_never_blocked_and_memory_follows_every_cap() {
         .expect("the chart's env is a valid configuration");
     assert_eq!(config.limits.sessions, 4096);
     assert_eq!(config.limits.pending_handshakes, 1024);
+    assert_eq!(config.limits.sessions_per_namespace, 1024);
+    assert_eq!(config.limits.log_streams_per_namespace, 256);
+    assert_eq!(config.limits.unauthenticated_connections_per_user, 16);
+    assert_eq!(config.limits.large_head_connections, 64);
 }
 
 #[test]

@@ -2,9 +2,10 @@
 //! TLS connections from other addresses never take the connections the root apiserver (a caller
 //! with a client certificate) needs on the kubelet port, and the unauthenticated metrics port has
 //! a small budget of its own and cuts clients that send nothing, so it can never hold the
-//! descriptors the kubelet port needs nor lock out the kubelet's probes. Connections whose
-//! caller is not known (no client certificate, no request authenticated yet) have a small
-//! budget of their own, total and per address, and a small request head.
+//! descriptors the kubelet port needs nor lock out the kubelet's probes. Connections none of
+//! whose requests has been authorized yet have a small budget of their own (total, per address,
+//! per certificate user) and a small request head, whatever credential they carry: a worker's
+//! kubelet certificate or a bearer token that the root accepts but allows nothing stays in it.
 
 use relaylet_dev::testkit as support;
 
@@ -13,6 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use relaylet_dev::sandbox::Settings;
+use relaylet_sim::apiserver::{Rule, UserInfo};
 use relaylet_sim::tls::Identity;
 use support::{Env, RT, env};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,7 +35,23 @@ fn settings() -> Settings {
                 "MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT".to_string(),
                 "8".to_string(),
             ),
+            (
+                "MAX_UNAUTHENTICATED_CONNECTIONS_PER_USER".to_string(),
+                "4".to_string(),
+            ),
         ]),
+        // One token the root accepts but allows nothing here, one allowed the kubelet's
+        // /healthz.
+        root_rules: vec![
+            Rule::user("prober")
+                .verbs(&["get"])
+                .api_groups(&[""])
+                .resources(&["nodes/healthz"]),
+        ],
+        root_tokens: vec![
+            ("idle-token".into(), UserInfo::new("idle", &[])),
+            ("prober-token".into(), UserInfo::new("prober", &[])),
+        ],
         ..Settings::default()
     }
 }
@@ -134,26 +152,79 @@ fn idle_strangers_do_not_take_the_apiservers_connections() {
 /// Holds certificate-less connections from `from` until one is refused; the held ones (each
 /// answered 401: a stranger has no credentials) and the refusal's Status message.
 async fn strangers_until_refused(e: &Env, from: &str) -> (Vec<TlsStream<TcpStream>>, String) {
-    let mut held = Vec::new();
-    loop {
-        let mut tls = tls_from(e, from, None).await;
-        let (line, body) = support::raw_http::get(&mut tls, "/healthz").await;
-        if line == "HTTP/1.1 503 Service Unavailable" {
-            let (code, reason, message) = status_of(&body);
-            assert_eq!((code, reason.as_str()), (503, "ServiceUnavailable"));
-            return (held, message);
-        }
-        assert_eq!(line, "HTTP/1.1 401 Unauthorized", "{body}");
+    let (held, message) = until_refused(e, from, None, "", "HTTP/1.1 401 Unauthorized").await;
+    for (_, body) in &held {
         assert_eq!(
-            status_of(&body),
+            status_of(body),
             (
                 401,
                 "Unauthorized".to_string(),
                 "no credentials: present a client certificate signed by the root cluster's client CA or a bearer token".to_string()
             )
         );
-        held.push(tls);
-        assert!(held.len() <= 24, "strangers are never refused");
+    }
+    (held.into_iter().map(|(tls, _)| tls).collect(), message)
+}
+
+/// Holds connections from `from` (presenting `identity`, each sending one GET of `/healthz`
+/// with `headers`) until one is refused with a 503; the held ones, each answered `answer`
+/// (with its body), and the refusal's Status message.
+async fn until_refused(
+    e: &Env,
+    from: &str,
+    identity: Option<&Identity>,
+    headers: &str,
+    answer: &str,
+) -> (Vec<(TlsStream<TcpStream>, String)>, String) {
+    let mut held = Vec::new();
+    loop {
+        let mut tls = tls_from(e, from, identity).await;
+        let (line, body) = get_with(&mut tls, "/healthz", headers).await;
+        if line == "HTTP/1.1 503 Service Unavailable" {
+            let (code, reason, message) = status_of(&body);
+            assert_eq!((code, reason.as_str()), (503, "ServiceUnavailable"));
+            return (held, message);
+        }
+        assert_eq!(line, answer, "{body}");
+        held.push((tls, body));
+        assert!(held.len() <= 24, "never refused");
+    }
+}
+
+/// Sends a keep-alive GET of `path` with the extra header lines `headers` (each ending in CRLF);
+/// the status line and the body.
+async fn get_with<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    conn: &mut S,
+    path: &str,
+    headers: &str,
+) -> (String, String) {
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n{headers}\r\n").as_bytes())
+        .await
+        .expect("send the request");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(HANG, conn.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap_or(0);
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                })
+                .unwrap_or(0);
+            if body.len() >= length || n == 0 {
+                let status = head.lines().next().unwrap_or("").to_string();
+                return (status, body.to_string());
+            }
+        }
+        assert!(n > 0, "closed before a complete answer: {text:?}");
     }
 }
 
@@ -168,14 +239,14 @@ fn unauthenticated_connections_have_a_small_budget_of_their_own() {
         assert_eq!(first.len(), 8);
         assert_eq!(
             refusal,
-            "127.0.0.4 holds its maximum of 8 connections whose caller is not authenticated yet (MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT)"
+            "127.0.0.4 holds its maximum of 8 connections whose caller is not authorized yet (MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT)"
         );
         // ... and all strangers together MAX_UNAUTHENTICATED_CONNECTIONS.
         let (second, refusal) = strangers_until_refused(e, "127.0.0.5").await;
         assert_eq!(second.len(), 4);
         assert_eq!(
             refusal,
-            "relaylet holds its maximum of 12 connections whose caller is not authenticated yet (MAX_UNAUTHENTICATED_CONNECTIONS); present a client certificate, or try again later"
+            "relaylet holds its maximum of 12 connections whose caller is not authorized yet (MAX_UNAUTHENTICATED_CONNECTIONS); try again later"
         );
         // The apiserver still gets its connections.
         let admin = e.kubelet_client_identity();
@@ -204,6 +275,103 @@ fn unauthenticated_connections_have_a_small_budget_of_their_own() {
         let _ = tokio::time::timeout(HANG, tls.read_to_end(&mut got)).await;
         let got = String::from_utf8_lossy(&got);
         assert!(got.starts_with("HTTP/1.1 431"), "{got}");
+    });
+}
+
+/// A valid credential is not a pass: a certificate of the root client CA (a worker's kubelet
+/// certificate) and a bearer token the root accepts, neither allowed anything here, keep the
+/// small head and the small budget (per user for the certificate, wherever it connects from;
+/// per address for the token) however many requests they authenticate; a token allowed
+/// something leaves it with its first authorized request; the apiserver is served throughout.
+#[test]
+fn valid_credentials_allowed_nothing_stay_in_the_small_budget() {
+    let _serial = serial();
+    let e = env(settings);
+    let admin = e.kubelet_client_identity();
+    let worker = e
+        .sandbox
+        .root
+        .ca
+        .issue_client("system:node:worker-1", &["system:nodes"])
+        .expect("certificate");
+    RT.block_on(async {
+        // The worker's certificate, from two addresses: each connection answered 403, until
+        // the user's cap ...
+        let mut held = Vec::new();
+        for from in ["127.0.0.6", "127.0.0.7"] {
+            for _ in 0..2 {
+                let mut tls = tls_from(e, from, Some(&worker)).await;
+                let (line, body) = get_with(&mut tls, "/healthz", "").await;
+                assert_eq!(line, "HTTP/1.1 403 Forbidden", "{body}");
+                held.push(tls);
+            }
+        }
+        // ... which a third address does not escape.
+        let mut fifth = tls_from(e, "127.0.0.8", Some(&worker)).await;
+        let (line, body) = get_with(&mut fifth, "/healthz", "").await;
+        assert_eq!(line, "HTTP/1.1 503 Service Unavailable", "{body}");
+        assert_eq!(
+            status_of(&body).2,
+            "user \"system:node:worker-1\" holds its maximum of 4 connections not authorized yet (MAX_UNAUTHENTICATED_CONNECTIONS_PER_USER)"
+        );
+        // Its head is the small one: a 20 KiB header is refused, where the apiserver's is read.
+        let big = format!("X-Big: {}\r\n", "x".repeat(20 * 1024));
+        let mut apiserver = tls_from(e, "127.0.0.1", Some(&admin)).await;
+        let (line, body) = get_with(&mut apiserver, "/healthz", &big).await;
+        assert_eq!(line, "HTTP/1.1 200 OK", "{body}");
+        drop(held);
+        let mut tls = loop {
+            let mut tls = tls_from(e, "127.0.0.8", Some(&worker)).await;
+            let (line, _) = get_with(&mut tls, "/healthz", "").await;
+            if line == "HTTP/1.1 403 Forbidden" {
+                break tls;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        tls.write_all(format!("GET /healthz HTTP/1.1\r\nHost: relaylet\r\n{big}\r\n").as_bytes())
+            .await
+            .expect("send");
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(HANG, tls.read_to_end(&mut got)).await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 431"), "{got}");
+        drop(tls);
+
+        // A token the root accepts but allows nothing: authenticated on every request, yet
+        // its address holds only its share of the small budget.
+        let (idle, message) = until_refused(
+            e,
+            "127.0.0.9",
+            None,
+            "Authorization: Bearer idle-token\r\n",
+            "HTTP/1.1 403 Forbidden",
+        )
+        .await;
+        assert_eq!(idle.len(), 8);
+        assert_eq!(
+            message,
+            "127.0.0.9 holds its maximum of 8 connections whose caller is not authorized yet (MAX_UNAUTHENTICATED_CONNECTIONS_PER_CLIENT)"
+        );
+        // A token allowed /healthz leaves the budget with its first answer: one address holds
+        // more such connections than the budget has room for.
+        let mut probers = Vec::new();
+        for i in 0..12 {
+            let mut tls = tls_from(e, "127.0.0.10", None).await;
+            let (line, body) =
+                get_with(&mut tls, "/healthz", "Authorization: Bearer prober-token\r\n").await;
+            assert_eq!(line, "HTTP/1.1 200 OK", "prober connection {i}: {body}");
+            probers.push(tls);
+        }
+        // The apiserver is served meanwhile.
+        let (line, _) = get_with(
+            &mut apiserver,
+            "/containerLogs/default/demo-1/main?tailLines=1",
+            "",
+        )
+        .await;
+        assert_eq!(line, "HTTP/1.1 200 OK");
+        drop(idle);
+        drop(probers);
     });
 }
 

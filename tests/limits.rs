@@ -19,6 +19,10 @@ fn settings() -> Settings {
             ("MAX_SESSIONS".to_string(), "2".to_string()),
             ("MAX_LOG_STREAMS".to_string(), "3".to_string()),
             ("MAX_LOG_STREAMS_PER_USER".to_string(), "2".to_string()),
+            // The calls here are all in one namespace: its share is the whole (the shares
+            // have tests/namespace_caps.rs).
+            ("MAX_SESSIONS_PER_NAMESPACE".to_string(), "2".to_string()),
+            ("MAX_LOG_STREAMS_PER_NAMESPACE".to_string(), "3".to_string()),
         ]),
         ..Settings::default()
     }

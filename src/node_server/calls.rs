@@ -15,6 +15,7 @@ use super::server::NodeServer;
 use crate::model::kubelet_request::{KubeletRequest, RequestError};
 use crate::model::status::Refusal;
 use crate::node_server::auth::{Access, Caller};
+use crate::ops::limits::Standing;
 use crate::relay::session::SessionInfo;
 use crate::routing::pod_index::RouteError;
 use crate::routing::proof::{self as counterpart, RootPod};
@@ -109,12 +110,24 @@ pub(super) async fn call(
         })?;
 
     // Every stream, log streams as much as sessions, holds a caller connection and a leaf
-    // connection for as long as it runs: each counts against its caps.
-    let permit = server.gate.stream(kreq.kind, &caller.user).map_err(|err| {
-        tracing::warn!(user = %caller.user, verb = %kreq.kind, %err, "stream refused");
-        server.metrics.limit_refusal(err.cap());
-        Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
-    })?;
+    // connection for as long as it runs: each counts against its caps, in total, per user and
+    // per namespace (behind the root apiserver every call is the apiserver's: the pod's
+    // namespace is what tells tenants apart).
+    let permit = server
+        .gate
+        .stream(kreq.kind, &caller.user, &kreq.namespace)
+        .map_err(|err| {
+            tracing::warn!(user = %caller.user, verb = %kreq.kind, namespace = %kreq.namespace, %err, "stream refused");
+            server.metrics.limit_refusal(err.cap());
+            Refusal::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+        })?;
+    // A log stream's connection is closed after it (the kubelet keeps it open): it reads no
+    // further request head, so its large head permit, if it has one, can serve another caller
+    // for as long as the stream runs (an upgraded connection gives it back when it upgrades).
+    let logs = !kreq.kind.is_streaming();
+    if logs && let Some(standing) = req.extensions().get::<Standing>() {
+        standing.streaming();
+    }
     let path = kreq.leaf_path(&target.namespace, &target.name);
     let info = SessionInfo {
         kind: kreq.kind,
@@ -128,14 +141,21 @@ pub(super) async fn call(
         node: route.node_name.clone(),
     };
     let span = info.span();
-    Ok(async move {
+    let mut resp = async move {
         server
             .relay
             .forward(req.map(Body::new), info, leaf, path, permit)
             .await
     }
     .instrument(span)
-    .await)
+    .await;
+    if logs {
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(resp)
 }
 
 /// The 404 of a node's own port for a pod that is not on the node: the same whether the pod is

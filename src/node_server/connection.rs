@@ -1,5 +1,6 @@
 //! One listener of the kubelet API: each connection's TLS handshake, its place under the
-//! connection caps, and the limits on its request heads, before the routes see a request.
+//! connection caps (a client certificate's caller proven or not, see `ops::limits`), and the
+//! limits on its request heads, before the routes see a request.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,8 +17,10 @@ use tower::ServiceExt;
 
 use super::filters::PeerCert;
 use super::server::NodeServer;
+use crate::model::kubelet_request::Kind;
 use crate::model::status;
-use crate::ops::limits::Unauthenticated;
+use crate::node_server::auth::{Access, Caller, caller_from_cert};
+use crate::ops::limits::{CertCaller, Standing};
 use crate::ops::listener;
 use crate::ops::read_ahead::ReadAhead;
 
@@ -30,11 +33,13 @@ const MAX_HEAD_BYTES: usize = 128 * 1024;
 const MAX_HEADERS: usize = 100;
 /// Most bytes all header lines together may have.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
-/// The request head limit of a connection without a client certificate, whose caller is not
-/// known until a request authenticates (a bearer token): small, so that the connections
-/// strangers may hold (`MAX_UNAUTHENTICATED_CONNECTIONS`) hold little memory. A long token and
-/// an exec's command line fit; hyper needs at least 8 KiB.
-pub const UNAUTHENTICATED_HEAD_BYTES: usize = 16 * 1024;
+/// The request head limit of every connection but a proven caller's few (see `ops::limits`):
+/// small, so that what any caller's connections hold is bounded by the connection caps times
+/// it. A long token and an exec's command line fit; hyper needs at least 8 KiB.
+pub const SMALL_HEAD_BYTES: usize = 16 * 1024;
+/// How long a certificate caller's proof (one SubjectAccessReview, shared by its concurrent
+/// connections) may take before the connection goes on unproven.
+const PROOF_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serves the kubelet API on `listener` until `stop` fires; open sessions are not waited for
 /// (the relay's own stop token ends them).
@@ -71,7 +76,7 @@ pub async fn serve(
         let gate = gate.clone();
         let app = app.clone();
         let closing = closing.clone();
-        let metrics = server.metrics.clone();
+        let server = server.clone();
         tokio::spawn(async move {
             let tcp = ReadAhead::new(tcp);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -94,29 +99,42 @@ pub async fn serve(
                     .map(|c| Arc::new(c.clone().into_owned())),
             );
             // Over a cap, the connection is still answered (a 503 Status, then closed), so the
-            // caller learns why; the permit-holding connections are not disturbed.
-            let certified = cert.0.is_some();
-            let (permit, app) = match gate.tls_connection(peer.ip(), certified) {
+            // caller learns why; the permit-holding connections are not disturbed. The
+            // connection permit comes first, so that a proof's wait is counted.
+            let admitted = match gate.connection(peer.ip()) {
+                Ok(connection) => {
+                    // A certificate the authenticator refuses (two CNs) counts as none.
+                    let caller = cert.0.as_deref().and_then(|c| caller_from_cert(c).ok());
+                    let who = caller.as_ref().map(|c| CertCaller::new(&c.user, &c.groups));
+                    let proven = match (&caller, &who) {
+                        (Some(caller), Some(who)) => proven(&server, caller, who).await,
+                        _ => false,
+                    };
+                    gate.admit(connection, peer.ip(), who.as_ref(), proven)
+                }
+                Err(err) => Err(err),
+            };
+            let (permit, app) = match admitted {
                 Ok(permit) => (Some(permit), app),
                 Err(err) => {
                     tracing::warn!(%peer, %err, "connection refused");
-                    metrics.limit_refusal(err.cap());
+                    server.metrics.limit_refusal(err.cap());
                     (None, refusal(err.to_string()))
                 }
             };
-            let unauthenticated = permit
+            let standing = permit
                 .as_ref()
-                .map(|p| p.unauthenticated.clone())
+                .map(|p| p.standing.clone())
                 .unwrap_or_default();
-            let head = if certified {
+            let head = if permit.as_ref().is_some_and(|p| p.large_head()) {
                 MAX_HEAD_BYTES
             } else {
-                UNAUTHENTICATED_HEAD_BYTES
+                SMALL_HEAD_BYTES
             };
             let conn = Conn {
                 cert,
                 peer,
-                unauthenticated,
+                standing,
                 head,
             };
             serve_connection(tls, conn, app, closing, stop).await;
@@ -125,14 +143,37 @@ pub async fn serve(
     }
 }
 
+/// Whether a certificate caller is proven: authorized lately, or allowed now to run commands
+/// on the node this listener serves (every node on the shared port), which is what the root
+/// apiserver's calls need and is then cached for them. One check for concurrent connections of
+/// the caller; a root apiserver that does not answer in [`PROOF_TIMEOUT`] leaves it unproven.
+async fn proven(server: &NodeServer, caller: &Caller, who: &CertCaller) -> bool {
+    let node = server.node.as_deref().unwrap_or("");
+    let access = Access::for_call(Kind::Exec, &http::Method::POST, node);
+    let proven = server
+        .gate
+        .proven()
+        .prove(who.identity, || async {
+            matches!(
+                tokio::time::timeout(PROOF_TIMEOUT, server.auth.authorize(caller, &access)).await,
+                Ok(Ok(()))
+            )
+        })
+        .await;
+    if !proven {
+        tracing::debug!(user = %caller.user, "certificate caller not proven: small budget until authorized");
+    }
+    proven
+}
+
 /// What a connection knows of its caller, handed to each of its requests.
 struct Conn {
     cert: PeerCert,
     peer: SocketAddr,
-    /// Its place in the unauthenticated budget, given back when a request authenticates.
-    unauthenticated: Unauthenticated,
-    /// Its request head limit: [`MAX_HEAD_BYTES`], or [`UNAUTHENTICATED_HEAD_BYTES`] without a
-    /// client certificate.
+    /// Its place in the budget of connections not authorized yet, given back when a request is.
+    standing: Standing,
+    /// Its request head limit: [`MAX_HEAD_BYTES`] for a proven caller's connection with a large
+    /// head permit, else [`SMALL_HEAD_BYTES`].
     head: usize,
 }
 
@@ -146,14 +187,14 @@ async fn serve_connection(
     let Conn {
         cert,
         peer,
-        unauthenticated,
+        standing,
         head,
     } = conn;
     let header_bytes = MAX_HEADER_BYTES.min(head);
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(cert.clone());
         req.extensions_mut().insert(peer);
-        req.extensions_mut().insert(unauthenticated.clone());
+        req.extensions_mut().insert(standing.clone());
         // Once shutdown has begun, a request that arrives on a connection kept alive from
         // before is refused (and the connection closed), as a new connection would be.
         let app = if stop.is_cancelled() {

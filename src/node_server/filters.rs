@@ -1,6 +1,7 @@
 //! The filters in front of every route: who is calling (authentication, once per request, as
 //! the kubelet's filter chain does it), and the kubelet's plain-text form of logs refusals.
-//! Authorization belongs to each route, which knows what is asked; the helper is here.
+//! Authorization belongs to each route, which knows what is asked; the helper is here, and it
+//! is what takes a connection out of the budget of connections not authorized yet.
 
 use std::sync::Arc;
 
@@ -13,7 +14,14 @@ use super::server::NodeServer;
 use crate::config::AuthMode;
 use crate::model::status::{self, Refusal};
 use crate::node_server::auth::{Access, AuthError, Caller};
-use crate::ops::limits::Unauthenticated;
+use crate::ops::limits::Standing;
+
+tokio::task_local! {
+    /// The standing of the connection the request being handled came on (`ops::limits`), for
+    /// [`NodeServer::authorize`]: set by [`authenticate`] around every route, so that whichever
+    /// route authorizes a request proves its connection, without each route passing it along.
+    static STANDING: Standing;
+}
 
 /// The client certificate the caller presented in the TLS handshake (its leaf certificate),
 /// put on each of the connection's requests by the connection layer.
@@ -47,12 +55,15 @@ pub(super) async fn authenticate(
     if server.auth.mode() == AuthMode::None {
         tracing::warn!(user = %caller.user, path = %req.uri().path(), "AUTH_MODE=none: serving an unauthenticated caller");
     }
-    // The caller is known now: its connection leaves the budget of unauthenticated ones.
-    if let Some(slot) = req.extensions().get::<Unauthenticated>() {
-        slot.authenticated();
-    }
+    // Knowing the caller is not enough to leave the budget of connections not authorized yet
+    // (a token the root accepts may be allowed nothing): authorizing a request is.
+    let standing = req
+        .extensions()
+        .get::<Standing>()
+        .cloned()
+        .unwrap_or_default();
     req.extensions_mut().insert(caller);
-    next.run(req).await
+    STANDING.scope(standing, next.run(req)).await
 }
 
 /// `containerLogs` refusals in the kubelet's plain text, which the root apiserver shows as the
@@ -70,11 +81,14 @@ pub(super) async fn logs_as_kubelet_text(req: Request, next: Next) -> Response {
 }
 
 impl NodeServer {
-    /// Whether `caller` may do `access`; counted either way.
+    /// Whether `caller` may do `access`; counted either way. Once allowed, the request's
+    /// connection leaves the budget of connections not authorized yet, and its certificate
+    /// identity is proven for its next connections.
     pub(super) async fn authorize(&self, caller: &Caller, access: &Access) -> Result<(), Refusal> {
         match self.auth.authorize(caller, access).await {
             Ok(()) => {
                 self.metrics.auth_decision("allowed");
+                let _ = STANDING.try_with(Standing::authorized);
                 Ok(())
             }
             Err(err) => {

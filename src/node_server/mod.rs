@@ -6,7 +6,8 @@
 //! One listener serves all virtual nodes (they share relaylet's address): a request names a pod,
 //! the pod index says which virtual node it is on, and the registry says which leaf that is.
 //! Like the kubelet's server, a request passes through layers in this order:
-//! - `connection`: TLS, the connection caps, the limits on the request head;
+//! - `connection`: TLS, the connection caps (proving a certificate caller), the limits on the
+//!   request head;
 //! - `filters`: authentication (`auth`), once for every route, in front of the routing;
 //! - `routes`: the pod calls (`calls`: parse, authorize, find the leaf pod, relay) and the
 //!   node-level paths (`node_paths`, with `resource_metrics`), each authorizing what it serves.
@@ -23,5 +24,5 @@ pub mod resource_metrics;
 mod routes;
 mod server;
 
-pub use connection::{UNAUTHENTICATED_HEAD_BYTES, serve};
+pub use connection::{SMALL_HEAD_BYTES, serve};
 pub use server::NodeServer;

@@ -197,7 +197,7 @@ impl Metrics {
         let limit_refusals = Family::<OneLabel, Counter>::default();
         registry.register(
             "limit_refusals",
-            "Connections and streams refused at a cap, by cap (connections, unauthenticated_connections, handshakes, sessions, log_streams)",
+            "Connections and streams refused at a cap, by cap (connections, unauthenticated_connections, handshakes, sessions, sessions_per_namespace, log_streams, log_streams_per_namespace)",
             limit_refusals.clone(),
         );
         let csr_approver_decisions = Family::<OneLabel, Counter>::default();

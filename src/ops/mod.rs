@@ -4,6 +4,7 @@
 //!   `api_client` (the kube client of ordinary calls to the root and to each leaf),
 //!   `read_limits` (how much of one leaf answer is read).
 //! - Caps: `limits` (connections, sessions and log streams against the configured caps),
+//!   `proven` (the certificate callers authorized lately, who skip the small budget),
 //!   `token_bucket` (the budget of work strangers can cause).
 //! - Lifecycle: `shutdown` (hand-over, drain, grace period), `memory` (freed memory given back).
 //! - Seen by operators: `metrics` (Prometheus), `health` (the operations port: `/metrics`,
@@ -17,6 +18,7 @@ pub mod limits;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
+pub mod proven;
 pub mod read_ahead;
 pub mod read_limits;
 pub mod shutdown;

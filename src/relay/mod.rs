@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use crate::leaf::Leaf;
 use crate::model::status::{self, Refusal};
-use crate::ops::limits::Permit;
+use crate::ops::limits::StreamPermit;
 use crate::ops::metrics::Metrics;
 use crate::ops::shutdown::OpenSessions;
 use frames::Frames;
@@ -81,7 +81,7 @@ impl Relay {
         info: SessionInfo,
         leaf: Arc<Leaf>,
         path: String,
-        permit: Permit<String>,
+        permit: StreamPermit,
     ) -> Response {
         let streaming = info.kind.is_streaming();
         let session = Session::start(info, &self.metrics, &self.open, permit);

@@ -15,7 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::model::kubelet_request::Kind;
-use crate::ops::limits::Permit;
+use crate::ops::limits::StreamPermit;
 use crate::ops::metrics::{Metrics, OneLabel, ResultLabels};
 use crate::ops::shutdown::{OpenSessions, SessionGuard};
 
@@ -107,7 +107,7 @@ pub struct Session {
     to_client: u64,
     _open: SessionGuard,
     /// A streaming session's place under the caps (`limits::Gate`), released with it.
-    _permit: Permit<String>,
+    _permit: StreamPermit,
 }
 
 impl Session {
@@ -116,7 +116,7 @@ impl Session {
         info: SessionInfo,
         metrics: &Metrics,
         open: &OpenSessions,
-        permit: Permit<String>,
+        permit: StreamPermit,
     ) -> Session {
         let active = metrics
             .sessions_active

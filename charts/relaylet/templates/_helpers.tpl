@@ -66,12 +66,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 The container's resources: the values', with a memory limit derived from every cap in
 limits when none is given, so the caps are reached before the OOM killer: 64 MiB, plus in KiB
-16 per connection, 16 per pending handshake, 32 more per unauthenticated connection, 32 more
-per session and 48 more per log stream (values.yaml says why).
+48 per connection (each may hold a small partial request head), 16 per pending handshake, 128
+more per connection with a large head, 48 per session and 48 more per log stream (values.yaml
+says why; tests/memory_caps.rs fills every cap at once under it).
 */}}
 {{- define "relaylet.memoryLimitMiB" -}}
 {{- $l := .Values.limits -}}
-{{- $kib := add (mul (int $l.maxConnections) 16) (mul (int $l.maxPendingHandshakes) 16) (mul (int $l.maxUnauthenticatedConnections) 32) (mul (int $l.maxSessions) 32) (mul (int $l.maxLogStreams) 48) -}}
+{{- $kib := add (mul (int $l.maxConnections) 48) (mul (int $l.maxPendingHandshakes) 16) (mul (int $l.maxLargeHeadConnections) 128) (mul (int $l.maxSessions) 48) (mul (int $l.maxLogStreams) 48) -}}
 {{- add 64 (div (add $kib 1023) 1024) -}}
 {{- end -}}
 

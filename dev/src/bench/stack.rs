@@ -373,12 +373,13 @@ async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProc
         .env("POD_NAMESPACE", NAMESPACE)
         .env("LEADER_ELECT", "false")
         // Its own operations port, and caps above the 10,000 sessions the memory figure opens
-        // from one client address as one user.
+        // from one client address as one user, in one namespace.
         .env("METRICS_ADDR", "127.0.0.1:0")
         .env("MAX_CONNECTIONS", "40000")
         .env("MAX_CONNECTIONS_PER_CLIENT", "40000")
         .env("MAX_SESSIONS", "40000")
         .env("MAX_SESSIONS_PER_USER", "40000")
+        .env("MAX_SESSIONS_PER_NAMESPACE", "40000")
         .env(
             "RUST_LOG",
             std::env::var("RELAYLET_BENCH_LOG").unwrap_or_else(|_| "info".into()),
