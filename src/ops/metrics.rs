@@ -79,6 +79,9 @@ pub struct Metrics {
     /// Virtual nodes this replica took over (created, taken from a replica gone, or handed
     /// back to it).
     pub virtual_node_takeovers: Counter,
+    /// Writes of replica Leases (presence or leader) that break the replica rules and are not
+    /// counted, by `reason` (see `replicas::identity`).
+    pub ignored_leases: Family<OneLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -219,8 +222,15 @@ impl Metrics {
             "Virtual nodes this replica took over: created, taken from a replica gone, or handed back to it",
             virtual_node_takeovers.clone(),
         );
+        let ignored_leases = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "ignored_leases",
+            "Writes of replica Leases (relaylet-replica-*, relaylet-leader) seen and not counted because they break the replica rules, by reason (holder_mismatch, not_a_live_pod)",
+            ignored_leases.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
+            ignored_leases,
             virtual_nodes_served,
             virtual_node_takeovers,
             leaf_secret_refusals,
@@ -285,6 +295,13 @@ impl Metrics {
     pub fn counterpart_refusal(&self, leaf: &str, reason: &'static str) {
         self.counterpart_refusals
             .get_or_create(&[("leaf", leaf.to_string()), ("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// Counts one write of a replica Lease that is not counted (`replicas::identity`).
+    pub fn ignored_lease(&self, reason: &'static str) {
+        self.ignored_leases
+            .get_or_create(&[("reason", reason.to_string())])
             .inc();
     }
 
