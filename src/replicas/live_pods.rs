@@ -93,6 +93,14 @@ impl LivePods {
             .is_some_and(|names| names.contains(name))
     }
 
+    /// Resolves once the pods have been listed (before, nothing is live).
+    pub async fn synced(&self) {
+        let mut names = self.names.clone();
+        if names.wait_for(Option::is_some).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Resolves once `name` is seen live. Says once, loudly, when the pods were listed and
     /// `name` was not among them: a replica whose own pod relaylet's selector does not find
     /// (a wrong `REPLICA_SELECTOR`, a wrong `POD_NAME`) would be ignored by its peers, so it

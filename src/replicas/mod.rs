@@ -156,6 +156,9 @@ impl Replicas {
         judges: Judges,
         stop: CancellationToken,
     ) -> Replicas {
+        // Present (so serving, and taking Nodes from replicas it does not see) only once the
+        // others have been seen: before its first listing a replica would take every Node.
+        let (listed, mut first_listing) = watch::channel(false);
         let present = leader::elect(
             root.clone(),
             namespace,
@@ -163,7 +166,12 @@ impl Replicas {
             me.clone(),
             Holders::OnlyMe,
             judges.ignored.clone(),
-            eligible,
+            async move {
+                eligible.await;
+                if first_listing.wait_for(|done| *done).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            },
             stop.clone(),
         );
         let (tx, rx) = watch::channel(Peers {
@@ -172,6 +180,12 @@ impl Replicas {
         });
         let api: Api<Lease> = Api::namespaced(root, namespace);
         tokio::spawn(async move {
+            // Leases are judged only once the live pods are known (before, every one would
+            // look like a ghost).
+            tokio::select! {
+                _ = judges.live.synced() => {}
+                _ = stop.cancelled() => return,
+            }
             let mut seen = Seen::default();
             // Said once when listing starts failing, and once when it works again: while it
             // fails the peers stay as last seen.
@@ -187,6 +201,7 @@ impl Replicas {
                             *old = peers;
                             changed
                         });
+                        listed.send_replace(true);
                         if leader.is_leader() {
                             forget_gone(&api, &seen.long_gone(Instant::now())).await;
                         }
