@@ -42,13 +42,15 @@ const PER_POD_LABELS: [&str; 4] = [
 /// How long to wait before trying again to read this replica's own pod labels.
 const RETRY_OWN_POD: Duration = Duration::from_secs(5);
 
+/// The names of the live pods, `None` until the first listing is done.
+type Names = Option<Arc<BTreeSet<String>>>;
+
 /// The live relaylet pods of this install. Cheap to clone.
 #[derive(Clone)]
 pub struct LivePods {
-    /// `None` until the first listing is done.
-    names: watch::Receiver<Option<Arc<BTreeSet<String>>>>,
+    names: watch::Receiver<Names>,
     /// Held so a fixed set stays readable.
-    _fixed: Option<Arc<watch::Sender<Option<Arc<BTreeSet<String>>>>>>,
+    _fixed: Option<Arc<watch::Sender<Names>>>,
 }
 
 impl LivePods {
@@ -136,7 +138,7 @@ async fn follow(
     namespace: String,
     selector: Option<ReplicaSelector>,
     me: String,
-    tx: watch::Sender<Option<Arc<BTreeSet<String>>>>,
+    tx: watch::Sender<Names>,
 ) {
     let selector = match selector {
         Some(selector) => selector,
