@@ -1448,14 +1448,36 @@ fn nodes_kept_by_their_replicas(
     owners: &BTreeMap<String, String>,
     ips: &BTreeMap<&str, &str>,
 ) {
+    // What the replicas' presence Leases went through meanwhile, for a failure's message.
+    let (events, _) = store.events_since(since).expect("history");
+    let presence: Vec<String> = events
+        .iter()
+        .filter(|e| {
+            e.key.resource == "leases" && e.key.name.starts_with("relaylet-replica-relaylet-")
+        })
+        .map(|e| {
+            format!(
+                "{}@{}={}",
+                e.key.name, e.rv, e.object["spec"]["holderIdentity"]
+            )
+        })
+        .collect();
     for (node, owner) in owners {
-        let history: Vec<(String, Option<String>)> =
-            versions_since::<Node>(store, since, "nodes", node)
-                .iter()
-                .map(|v| (served_by(v), first_address(v).map(|a| a.1)))
-                .collect();
-        for (writer, address) in &history {
-            assert_eq!(writer, owner, "{node} changed hands: {history:?}");
+        let history: Vec<(u64, String, Option<String>)> = events
+            .iter()
+            .filter(|e| e.key.resource == "nodes" && e.key.name == *node)
+            .filter_map(|e| {
+                serde_json::from_value::<Node>((*e.object).clone())
+                    .ok()
+                    .map(|v| (e.rv, v))
+            })
+            .map(|(rv, v)| (rv, served_by(&v), first_address(&v).map(|a| a.1)))
+            .collect();
+        for (_, writer, address) in &history {
+            assert_eq!(
+                writer, owner,
+                "{node} changed hands: {history:?}; presence Leases: {presence:?}"
+            );
             assert_eq!(
                 address.as_deref(),
                 Some(ips[owner.as_str()]),

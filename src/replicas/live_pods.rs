@@ -39,6 +39,8 @@ const PER_POD_LABELS: [&str; 4] = [
     "statefulset.kubernetes.io/pod-name",
     "apps.kubernetes.io/pod-index",
 ];
+/// How long this replica's own pod may be missing from the live ones before that is said.
+const SAY_AFTER: Duration = Duration::from_secs(30);
 /// How long to wait before trying again to read this replica's own pod labels.
 const RETRY_OWN_POD: Duration = Duration::from_secs(5);
 
@@ -103,31 +105,27 @@ impl LivePods {
         }
     }
 
-    /// Resolves once `name` is seen live. Says once, loudly, when the pods were listed and
-    /// `name` was not among them: a replica whose own pod relaylet's selector does not find
-    /// (a wrong `REPLICA_SELECTOR`, a wrong `POD_NAME`) would be ignored by its peers, so it
-    /// does not stand at all.
+    /// Resolves once `name` is seen live. Says once, loudly, when it has not been for
+    /// [`SAY_AFTER`]: a replica whose own pod relaylet's selector does not find (a wrong
+    /// `REPLICA_SELECTOR`, a wrong `POD_NAME`) would be ignored by its peers, so it does not
+    /// stand at all. (Not at once: the kubelet may report the pod Running a moment after its
+    /// container started.)
     pub async fn includes(&self, name: &str) {
         let mut names = self.names.clone();
-        let mut warned = false;
-        loop {
-            {
-                let seen = names.borrow_and_update();
-                match seen.as_ref() {
-                    Some(set) if set.contains(name) => return,
-                    Some(_) if !warned => {
-                        warned = true;
-                        tracing::warn!(
-                            pod = name,
-                            "this replica's own pod is not among the Running relaylet pods its selector finds (REPLICA_SELECTOR, else its own labels): it takes no part in leader election or serving Nodes until it is"
-                        );
-                    }
-                    _ => {}
-                }
-            }
-            if names.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        let live = |names: &Names| names.as_ref().is_some_and(|set| set.contains(name));
+        let found = matches!(
+            tokio::time::timeout(SAY_AFTER, names.wait_for(live)).await,
+            Ok(Ok(_))
+        );
+        if found {
+            return;
+        }
+        tracing::warn!(
+            pod = name,
+            "this replica's own pod is not among the Running relaylet pods its selector finds (REPLICA_SELECTOR, else its own labels): it takes no part in leader election or serving Nodes until it is"
+        );
+        if names.wait_for(live).await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }
@@ -291,5 +289,20 @@ mod tests {
         tx.send_replace(Some(Arc::new(BTreeSet::from(["a".to_string()]))));
         assert!(live.is_live("a"));
         live.includes("a").await;
+    }
+
+    /// A replica waits for its own pod however long it takes (it is said once, after a while).
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_waits_for_its_own_pod() {
+        let (tx, rx) = watch::channel(Some(Arc::new(BTreeSet::from(["a".to_string()]))));
+        let live = LivePods {
+            names: rx,
+            _fixed: None,
+        };
+        let waiting = tokio::spawn(async move { live.includes("b").await });
+        tokio::time::sleep(SAY_AFTER * 3).await;
+        assert!(!waiting.is_finished());
+        tx.send_replace(Some(Arc::new(BTreeSet::from(["a".into(), "b".into()]))));
+        waiting.await.unwrap();
     }
 }
