@@ -108,6 +108,11 @@ pub struct Config {
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
     pub leader_elect: bool,
+    /// `REPLICA_SELECTOR`: the labels every relaylet pod of this install carries (the chart
+    /// sets the Deployment's selector). With leader election, a replica Lease counts only for
+    /// a Running pod these labels select; `None`: this replica's own pod labels, read at start
+    /// (see `replicas::live_pods`).
+    pub replica_selector: Option<ReplicaSelector>,
     /// What proves a leaf pod is a root pod's counterpart (`LEAF_POD_MATCH`, `LEAF_POD_MARKER`).
     pub leaf_pod_match: LeafPodMatch,
     /// Keep one connection to each leaf in use dialed ahead of the next session
@@ -292,6 +297,7 @@ impl Config {
         let shutdown_grace_period = vars.duration("SHUTDOWN_GRACE_PERIOD", Duration::from_secs(30));
 
         let leader_elect = vars.flag("LEADER_ELECT", true);
+        let replica_selector = replica_selector(&mut vars, leader_elect);
         let leaf_pod_match = leaf_pod_match(&mut vars);
         let leaf_spare_connection = vars.flag("LEAF_SPARE_CONNECTION", true);
         let extend_websockets_to_kubelet = vars.flag("EXTEND_WEBSOCKETS_TO_KUBELET", true);
@@ -320,6 +326,7 @@ impl Config {
             pod_name: vars.get("POD_NAME"),
             pod_namespace: vars.get("POD_NAMESPACE"),
             leader_elect,
+            replica_selector,
             leaf_pod_match,
             leaf_spare_connection,
             extend_websockets_to_kubelet,
@@ -580,6 +587,100 @@ fn leaf_pod_match(vars: &mut Vars<'_>) -> LeafPodMatch {
         }
     }
 }
+
+// ---- REPLICA_SELECTOR (replica identity, issue 37 item 3) ----
+
+/// Labels that select this install's relaylet pods: equality only, at least one, as a
+/// Deployment's `matchLabels`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaSelector(pub std::collections::BTreeMap<String, String>);
+
+impl ReplicaSelector {
+    /// Parses `key=value,key=value`; every key and value checked as the apiserver checks labels.
+    pub fn parse(spec: &str) -> Result<ReplicaSelector, String> {
+        let mut labels = std::collections::BTreeMap::new();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not key=value"))?;
+            // `k==v` is the same selector as `k=v` in kube's syntax; `!=` is not a Deployment's.
+            let value = value.strip_prefix('=').unwrap_or(value);
+            let (key, value) = (key.trim(), value.trim());
+            check_label_key(key).map_err(|e| format!("label key {key:?}: {e}"))?;
+            check_label_value(value).map_err(|e| format!("label value {value:?}: {e}"))?;
+            if labels.insert(key.to_string(), value.to_string()).is_some() {
+                return Err(format!("label key {key:?} is given twice"));
+            }
+        }
+        if labels.is_empty() {
+            return Err(
+                "no labels: name at least one key=value (the Deployment's selector)".into(),
+            );
+        }
+        Ok(ReplicaSelector(labels))
+    }
+
+    /// The selector as a `labelSelector` query value.
+    pub fn query(&self) -> String {
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// `REPLICA_SELECTOR`: optional; meaningless (and refused) with `LEADER_ELECT=false`, where
+/// there are no other replicas to tell apart.
+fn replica_selector(vars: &mut Vars<'_>, leader_elect: bool) -> Option<ReplicaSelector> {
+    let raw = vars.get("REPLICA_SELECTOR")?;
+    let selector = vars.parse("REPLICA_SELECTOR", &raw, None, |v| {
+        ReplicaSelector::parse(v).map(Some)
+    })?;
+    if !leader_elect {
+        vars.error(
+            "REPLICA_SELECTOR",
+            "means nothing with LEADER_ELECT=false (a single replica has no peers to check)",
+        );
+    }
+    Some(selector)
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63
+/// alphanumerics, `-`, `_` or `.`, starting and ending alphanumeric.
+fn check_label_key(key: &str) -> Result<(), String> {
+    let name = match key.rsplit_once('/') {
+        Some((prefix, name)) => {
+            crate::model::dns::check_dns_subdomain(prefix)?;
+            name
+        }
+        None => key,
+    };
+    if name.is_empty() {
+        return Err("the name part is empty".into());
+    }
+    check_label_value(name)
+}
+
+/// A label value: empty, or at most 63 alphanumerics, `-`, `_` or `.`, starting and ending
+/// alphanumeric.
+fn check_label_value(value: &str) -> Result<(), String> {
+    let ok_end = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
+    if value.len() > 63 {
+        Err("longer than 63 characters".into())
+    } else if !value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        Err("only letters, digits, '-', '_' and '.' are allowed".into())
+    } else if !ok_end(value.chars().next()) || !ok_end(value.chars().last()) {
+        Err("must start and end with a letter or digit".into())
+    } else {
+        Ok(())
+    }
+}
+
+// ---- end REPLICA_SELECTOR ----
 
 /// `METRICS_ADDR`.
 fn metrics_addr(vars: &mut Vars<'_>) -> SocketAddr {
@@ -1248,5 +1349,53 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(err.0[0].var, "LEAF_CLUSTER_NAME");
+    }
+
+    #[test]
+    fn replica_selector_is_a_deployments_match_labels() {
+        let c = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            (
+                "REPLICA_SELECTOR",
+                "app.kubernetes.io/name=relaylet, app.kubernetes.io/instance==prod",
+            ),
+        ])
+        .unwrap();
+        let selector = c.replica_selector.unwrap();
+        assert_eq!(
+            selector.query(),
+            "app.kubernetes.io/instance=prod,app.kubernetes.io/name=relaylet"
+        );
+        assert_eq!(
+            config(&[("LEAF_NODE_IP", "10.0.0.1")])
+                .unwrap()
+                .replica_selector,
+            None
+        );
+        for (bad, says) in [
+            ("app", "is not key=value"),
+            ("app!=relaylet", "label key \"app!\""),
+            ("app=rel aylet", "only letters"),
+            ("Bad_Prefix/app=x", "DNS subdomain"),
+            ("app=-x", "start and end"),
+            ("app=a,app=b", "given twice"),
+            (",", "no labels"),
+        ] {
+            let err = config(&[("LEAF_NODE_IP", "10.0.0.1"), ("REPLICA_SELECTOR", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("REPLICA_SELECTOR: ") && err.contains(says),
+                "{bad}: {err}"
+            );
+        }
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEADER_ELECT", "false"),
+            ("REPLICA_SELECTOR", "app=relaylet"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("LEADER_ELECT=false"), "{err}");
     }
 }

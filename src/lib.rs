@@ -76,8 +76,16 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     let pods = pod_index::PodIndex::new(root.clone(), registry.clone());
     spawn_until(&shutdown, pods.clone().run());
     let csr = request_serving_certificate(&config, &root, &registry, &metrics, &shutdown);
-    let leadership = elect_leader(&config, &root, &metrics, &shutdown, csr.clone());
-    let replicas = join_replicas(&config, &root, &shutdown, csr.clone(), leadership.clone());
+    let judges = replica_judges(&config, &root, &metrics, &shutdown);
+    let leadership = elect_leader(&config, &root, &metrics, &shutdown, csr.clone(), &judges);
+    let replicas = join_replicas(
+        &config,
+        &root,
+        &shutdown,
+        csr.clone(),
+        leadership.clone(),
+        judges,
+    );
     spawn_until(&shutdown, health.clone().probe(root.clone()));
     // Bound before the node listeners, which take the free ports above it (NODE_SERVER_PORT=0
     // takes any free one).
@@ -251,6 +259,48 @@ async fn eligible(csr: Option<Arc<serving_csr::CsrCert>>) {
     }
 }
 
+/// With leader election: who counts as a replica (this install's live pods, watched) and
+/// where Leases that break the rules are reported. `None` with `LEADER_ELECT=false`.
+fn replica_judges(
+    config: &Config,
+    root: &Client,
+    metrics: &metrics::Metrics,
+    shutdown: &Shutdown,
+) -> Option<replicas::Judges> {
+    if !config.leader_elect {
+        return None;
+    }
+    let namespace = owner(config, root);
+    Some(replicas::Judges {
+        live: replicas::live_pods::LivePods::watch(
+            root.clone(),
+            &namespace,
+            config.replica_selector.clone(),
+            config.replica_name(),
+            shutdown.begin.clone(),
+        ),
+        ignored: replicas::ignored::IgnoredLeases::new(
+            root.clone(),
+            &namespace,
+            metrics.clone(),
+            &config.replica_name(),
+        ),
+    })
+}
+
+/// What a replica waits for before it stands in an election: [`eligible`], and with leader
+/// election its own pod seen among the live relaylet pods (its peers would ignore it before).
+async fn eligible_replica(
+    csr: Option<Arc<serving_csr::CsrCert>>,
+    judges: Option<replicas::Judges>,
+    me: String,
+) {
+    eligible(csr).await;
+    if let Some(judges) = judges {
+        judges.live.includes(&me).await;
+    }
+}
+
 /// Joins the replicas that share the virtual nodes (alone with `LEADER_ELECT=false`).
 fn join_replicas(
     config: &Config,
@@ -258,16 +308,18 @@ fn join_replicas(
     shutdown: &Shutdown,
     csr: Option<Arc<serving_csr::CsrCert>>,
     leadership: leader::Leadership,
+    judges: Option<replicas::Judges>,
 ) -> replicas::Replicas {
-    if !config.leader_elect {
+    let Some(judges) = judges else {
         return replicas::Replicas::alone(config.replica_name(), eligible(csr));
-    }
+    };
     replicas::Replicas::join(
         root.clone(),
         &owner(config, root),
         config.replica_name(),
-        eligible(csr),
+        eligible_replica(csr, Some(judges.clone()), config.replica_name()),
         leadership,
+        judges,
         shutdown.hand_over.clone(),
     )
 }
@@ -280,9 +332,9 @@ fn elect_leader(
     metrics: &metrics::Metrics,
     shutdown: &Shutdown,
     csr: Option<Arc<serving_csr::CsrCert>>,
+    judges: &Option<replicas::Judges>,
 ) -> leader::Leadership {
-    let eligible = eligible(csr);
-    let leadership = if config.leader_elect {
+    let leadership = if let Some(judges) = judges {
         let namespace = config
             .pod_namespace
             .clone()
@@ -292,11 +344,13 @@ fn elect_leader(
             &namespace,
             LEADER_LEASE,
             config.replica_name(),
-            eligible,
+            leader::Holders::LivePods(judges.live.clone()),
+            judges.ignored.clone(),
+            eligible_replica(csr, Some(judges.clone()), config.replica_name()),
             shutdown.hand_over.clone(),
         )
     } else if matches!(config.serving_cert, ServingCert::Csr(_)) {
-        leader::Leadership::once(eligible)
+        leader::Leadership::once(eligible(csr))
     } else {
         leader::Leadership::always()
     };

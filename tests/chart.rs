@@ -532,7 +532,7 @@ fn grant(ns: &str, group: &str, resource: &str, name: &str, verbs: &[&str]) -> V
         .collect()
 }
 
-/// What relaylet's code calls in the root cluster (src/virtual_node, src/replicas/leader.rs,
+/// What relaylet's code calls in the root cluster (src/virtual_node, src/replicas/,
 /// src/routing/pod_index.rs, src/leaf/mod.rs, src/node_server/auth.rs, src/lib.rs), with these values.
 fn expected_permissions(
     webhook: bool,
@@ -574,7 +574,9 @@ fn expected_permissions(
         &["get", "create", "patch", "delete"],
     ));
     if leader {
-        // The leader Lease and one presence Lease per replica (named after its pod).
+        // The leader Lease and one presence Lease per replica (named after its pod); a Lease
+        // that breaks the replica rules gets an Event (src/replicas/ignored.rs). The pods the
+        // rules ask about (src/replicas/live_pods.rs) are read with the pods rule above.
         g.extend(grant(
             NAMESPACE,
             "coordination.k8s.io",
@@ -582,6 +584,7 @@ fn expected_permissions(
             "",
             &["create", "get", "list", "update", "delete"],
         ));
+        g.extend(grant(NAMESPACE, "events.k8s.io", "events", "", &["create"]));
     }
     g.extend(grant(leaf_ns, "", "secrets", "", &["list", "watch"]));
     g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["create"]));
@@ -908,6 +911,32 @@ fn check_invariants(r: &Rendered, set: &str) {
     }
     let perms = r.permissions();
     assert!(!perms.is_empty());
+    // With leader election, relaylet finds its peers by the Deployment's own selector (a
+    // replica Lease counts only for a Running pod it selects), which selects its pods; a
+    // single replica is told none (relaylet refuses one it cannot use).
+    let selector = r.env_value("REPLICA_SELECTOR");
+    if r.env_value("LEADER_ELECT") == Some("true") {
+        let selector = relaylet::config::ReplicaSelector::parse(selector.unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{set}: REPLICA_SELECTOR: {e}"));
+        let deployment_selector = r.deployment().spec.as_ref().unwrap().selector.clone();
+        assert_eq!(
+            Some(selector.0.clone()),
+            deployment_selector.match_labels,
+            "{set}: REPLICA_SELECTOR is the Deployment's selector"
+        );
+        assert!(
+            selector
+                .0
+                .iter()
+                .all(|(k, v)| r.pod_labels().get(k) == Some(v)),
+            "{set}: REPLICA_SELECTOR selects the chart's pods"
+        );
+    } else {
+        assert_eq!(
+            selector, None,
+            "{set}: no REPLICA_SELECTOR without election"
+        );
+    }
 }
 
 #[test]

@@ -110,6 +110,15 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
     let second_shutdown = Shutdown::default();
     let started_at = sb.root.api.store().revision();
     let second = RT.block_on(async {
+        // Its Pod: with leader election a replica counts only as a Running pod of its install.
+        let admin = relaylet_dev::sandbox::kube_client(&sb.root.admin_kubeconfig()?).await?;
+        relaylet_dev::testkit::replica_pod::running(
+            &admin,
+            RELAYLET_NAMESPACE,
+            "relaylet-1",
+            "127.0.0.1",
+        )
+        .await?;
         let root =
             relaylet_dev::sandbox::kube_client(&sb.root.kubeconfig(RELAYLET_ROOT_USER, &[])?)
                 .await?;

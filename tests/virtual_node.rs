@@ -277,6 +277,17 @@ impl Replica {
                 &["system:masters"],
             )
             .expect("root kubeconfig");
+        // Its Pod, as its Deployment would make it: with leader election a replica counts
+        // only as a Running pod of its install (found here by the replica's own pod labels).
+        if config.leader_elect {
+            let admin = kube_client(&root.admin_kubeconfig().expect("admin kubeconfig"))
+                .await
+                .expect("admin client");
+            let namespace = config.pod_namespace.as_deref().unwrap_or(NAMESPACE);
+            relaylet_dev::testkit::replica_pod::running(&admin, namespace, pod_name, ip)
+                .await
+                .expect("the replica's pod");
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -1307,6 +1318,372 @@ async fn a_deleted_virtual_node_is_restored_from_the_watch() {
             })
         })
         .await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+// ---- Replica identity (issue 37, item 3): Leases only relaylet can claim ----
+
+/// A year: what a Lease writer claims for their ghosts.
+const A_YEAR: i32 = 365 * 24 * 3600;
+
+/// Leases written by someone who may write Leases in relaylet's namespace but is not
+/// relaylet: each `(name, holder)` claimed for a year, now and then every second, through the
+/// root apiserver, until dropped.
+struct LeaseWriter(tokio::task::JoinHandle<()>);
+
+impl LeaseWriter {
+    async fn renewing(root: &Cluster, claims: Vec<(String, String)>) -> LeaseWriter {
+        let leases = lease_api(root).await;
+        for (name, holder) in &claims {
+            claim(&leases, name, holder).await;
+        }
+        LeaseWriter(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                for (name, holder) in &claims {
+                    claim(&leases, name, holder).await;
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for LeaseWriter {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The Leases of relaylet's namespace, as an admin of the root sees them.
+async fn lease_api(root: &Cluster) -> Api<Lease> {
+    let client = kube_client(&root.admin_kubeconfig().expect("kubeconfig"))
+        .await
+        .expect("admin client");
+    Api::namespaced(client, NAMESPACE)
+}
+
+/// Writes Lease `name` held by `holder` for a year, renewed now, over whatever it held.
+async fn claim(leases: &Api<Lease>, name: &str, holder: &str) {
+    let spec = json!({
+        "holderIdentity": holder,
+        "leaseDurationSeconds": A_YEAR,
+        "renewTime": Timestamp::now().to_string(),
+    });
+    let exists = leases.get_opt(name).await.expect("read lease").is_some();
+    if exists {
+        leases
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .expect("lease written over");
+    } else {
+        let lease: Lease = serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": NAMESPACE },
+            "spec": spec,
+        }))
+        .expect("lease");
+        leases
+            .create(&kube::api::PostParams::default(), &lease)
+            .await
+            .expect("lease created");
+    }
+}
+
+/// Leaf `name` with one Ready node `a` (its API objects only).
+async fn named_leaf_with_node(name: &str) -> Cluster {
+    let leaf = Cluster::start(ClusterOptions::new(name))
+        .await
+        .expect("leaf starts");
+    leaf.api
+        .store()
+        .create_typed(&leaf_node("a", "10.0.0.1", "4", "8Gi"))
+        .expect("leaf node");
+    leaf
+}
+
+/// Two replicas (`relaylet-0` and `relaylet-1` at `ips`, each test its own so parallel tests
+/// never race for one address and port) serving two leaves' Nodes: the root, the leaves (kept
+/// alive), the replicas, the replicas' IPs and each Node's replica.
+async fn two_replicas_two_nodes(
+    ips: [&'static str; 2],
+) -> (
+    Cluster,
+    Vec<Cluster>,
+    BTreeMap<&'static str, Replica>,
+    BTreeMap<&'static str, &'static str>,
+    BTreeMap<String, String>,
+) {
+    let root = root_cluster(None).await;
+    let store = root.api.store().clone();
+    let ips = BTreeMap::from([("relaylet-0", ips[0]), ("relaylet-1", ips[1])]);
+    let port = free_port();
+    let mut replicas = BTreeMap::new();
+    for (name, ip) in &ips {
+        replicas.insert(*name, Replica::start(&root, name, ip, port, &[]).await);
+    }
+    let mut leaves = Vec::new();
+    let mut nodes = Vec::new();
+    for name in ["leaf-0", "leaf-1"] {
+        let leaf = named_leaf_with_node(name).await;
+        store
+            .create_typed(&leaf_secret_named(&leaf, name))
+            .expect("secret");
+        leaves.push(leaf);
+        nodes.push(format!("relaylet-{name}"));
+    }
+    let owners = spread_over(&store, &nodes, &ips).await;
+    (root, leaves, replicas, ips, owners)
+}
+
+/// Asserts that every version of each Node written since revision `since` names the replica
+/// `owners` gives it, with that replica's address first: no Node was handed back or taken.
+fn nodes_kept_by_their_replicas(
+    store: &Store,
+    since: u64,
+    owners: &BTreeMap<String, String>,
+    ips: &BTreeMap<&str, &str>,
+) {
+    // What the replicas' presence Leases went through meanwhile, for a failure's message.
+    let (events, _) = store.events_since(since).expect("history");
+    let presence: Vec<String> = events
+        .iter()
+        .filter(|e| {
+            e.key.resource == "leases" && e.key.name.starts_with("relaylet-replica-relaylet-")
+        })
+        .map(|e| {
+            format!(
+                "{}@{}={}",
+                e.key.name, e.rv, e.object["spec"]["holderIdentity"]
+            )
+        })
+        .collect();
+    for (node, owner) in owners {
+        let history: Vec<(u64, String, Option<String>)> = events
+            .iter()
+            .filter(|e| e.key.resource == "nodes" && e.key.name == *node)
+            .filter_map(|e| {
+                serde_json::from_value::<Node>((*e.object).clone())
+                    .ok()
+                    .map(|v| (e.rv, v))
+            })
+            .map(|(rv, v)| (rv, served_by(&v), first_address(&v).map(|a| a.1)))
+            .collect();
+        for (_, writer, address) in &history {
+            assert_eq!(
+                writer, owner,
+                "{node} changed hands: {history:?}; presence Leases: {presence:?}"
+            );
+            assert_eq!(
+                address.as_deref(),
+                Some(ips[owner.as_str()]),
+                "{node}'s first address: {history:?}"
+            );
+        }
+        let now = store.get_typed::<Node>("", node).expect("node");
+        assert!(is_ready(&now), "{node} Ready");
+    }
+}
+
+/// Waits until the Lease of each of `nodes` in `kube-node-lease` has been renewed `times`
+/// times since revision `since` (a renewal every 10 s: the window the tests watch).
+async fn node_leases_renewed(store: &Store, since: u64, nodes: &[&String], times: usize) {
+    wait_for("every node Lease renewed meanwhile", || {
+        nodes
+            .iter()
+            .all(|n| write_revisions(store, since, "leases", n).len() >= times)
+            .then_some(())
+    })
+    .await;
+}
+
+/// A count of `replica`'s `relaylet_ignored_leases_total` for `reason`.
+fn ignored(replica: &Replica, reason: &str) -> f64 {
+    let text = replica.running.metrics.encode().expect("metrics");
+    relaylet_dev::testkit::metrics::sum(
+        &relaylet_dev::testkit::metrics::parse(&text),
+        "relaylet_ignored_leases_total",
+        &[("reason", reason)],
+    )
+}
+
+/// Issue 37 item 3: someone who may write Leases in relaylet's namespace writes 20 presence
+/// Leases of replicas that do not exist (`relaylet-replica-ghost-N`), claiming a year, and
+/// renews them every second. Before, both Nodes were handed back within seconds and their node
+/// Leases no longer renewed. Now neither replica gives a Node up: through two renewals of every
+/// node Lease, every Node write names its real replica with that replica's address first; the
+/// ghosts are counted as ignored by both replicas and told in a `LeaseIgnored` Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ghost_presence_leases_take_no_node_away() {
+    tokio::time::timeout(Duration::from_secs(240), async {
+        let (root, _leaves, replicas, ips, owners) =
+            two_replicas_two_nodes(["127.0.0.12", "127.0.0.13"]).await;
+        let store = root.api.store().clone();
+        let since = store.revision();
+        let ghosts: Vec<(String, String)> = (0..20)
+            .map(|i| (format!("relaylet-replica-ghost-{i}"), format!("ghost-{i}")))
+            .collect();
+        let _writer = LeaseWriter::renewing(&root, ghosts).await;
+
+        let nodes: Vec<&String> = owners.keys().collect();
+        node_leases_renewed(&store, since, &nodes, 2).await;
+        nodes_kept_by_their_replicas(&store, since, &owners, &ips);
+        for (name, replica) in &replicas {
+            assert!(
+                ignored(replica, "not_a_live_pod") >= 20.0,
+                "{name} counts every ghost"
+            );
+        }
+        let events = store
+            .list_typed::<k8s_openapi::api::events::v1::Event>(Some(NAMESPACE))
+            .expect("events");
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("LeaseIgnored")
+                    && e.regarding
+                        .as_ref()
+                        .and_then(|r| r.name.as_deref())
+                        .is_some_and(|n| n.starts_with("relaylet-replica-ghost-"))
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("not a Running relaylet pod"))),
+            "a LeaseIgnored Event names a ghost"
+        );
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// Issue 37 item 3: the leader Lease and one replica's presence Lease are written over once,
+/// each held by a ghost for a year. Before, nobody led for a year and the replica gave up its
+/// Nodes until the Leases were deleted. Now the Leases are taken back (the leader by a real
+/// replica, the presence by its own replica), and through two renewals of every node Lease
+/// each Node stays with its replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hijacked_leader_and_presence_leases_are_taken_back() {
+    tokio::time::timeout(Duration::from_secs(240), async {
+        let (root, _leaves, replicas, ips, owners) =
+            two_replicas_two_nodes(["127.0.0.22", "127.0.0.23"]).await;
+        let store = root.api.store().clone();
+        wait_for("a leader", || {
+            replicas.values().any(Replica::is_leader).then_some(())
+        })
+        .await;
+        let since = store.revision();
+        let leases = lease_api(&root).await;
+        claim(&leases, relaylet::LEADER_LEASE, "ghost").await;
+        claim(&leases, "relaylet-replica-relaylet-1", "ghost").await;
+
+        let holder = |name: &str| {
+            store
+                .get_typed::<Lease>(NAMESPACE, name)
+                .ok()
+                .and_then(|l| l.spec?.holder_identity)
+        };
+        wait_for("both Leases taken back", || {
+            let leader = holder(relaylet::LEADER_LEASE)?;
+            (ips.contains_key(leader.as_str())
+                && holder("relaylet-replica-relaylet-1").as_deref() == Some("relaylet-1"))
+            .then_some(())
+        })
+        .await;
+        let nodes: Vec<&String> = owners.keys().collect();
+        node_leases_renewed(&store, since, &nodes, 2).await;
+        nodes_kept_by_their_replicas(&store, since, &owners, &ips);
+        assert!(replicas.values().any(Replica::is_leader), "a replica leads");
+        assert!(ignored(&replicas["relaylet-1"], "holder_mismatch") >= 1.0);
+        assert!(
+            replicas
+                .values()
+                .map(|r| ignored(r, "not_a_live_pod"))
+                .sum::<f64>()
+                >= 1.0,
+            "the ghost leader is counted"
+        );
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// Issue 37 item 3: a ghost's presence Lease is renewed every second, and the Node is written
+/// over to name the ghost as its writer with a foreign address first. Before, the replica took
+/// the Node back only once the ghost stopped renewing (the Node kept the foreign address, where
+/// the root apiserver sends its sessions). Now the Node is restored to its replica and address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_handed_to_a_renewing_ghost_is_taken_back() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let root = root_cluster(None).await;
+        let leaf = leaf_with_node().await;
+        let store = root.api.store().clone();
+        store.create_typed(&leaf_secret(&leaf)).expect("secret");
+        let _replica = Replica::start(&root, "relaylet-0", "127.0.0.32", 0, &[]).await;
+        wait_for("node Ready at relaylet-0", || {
+            node_of(&store).filter(|n| {
+                is_ready(n)
+                    && served_by(n) == "relaylet-0"
+                    && first_address(n).is_some_and(|a| a.1 == "127.0.0.32")
+            })
+        })
+        .await;
+        let renewing = store.revision();
+        let _writer = LeaseWriter::renewing(
+            &root,
+            vec![("relaylet-replica-ghost".into(), "ghost".into())],
+        )
+        .await;
+        // Renewed several times: relaylet lists the Leases every 2 s, so it has seen the ghost
+        // renewing (before, that made it a replica that may still be writing).
+        wait_for("the ghost renewed", || {
+            (writes_since(&store, renewing, "leases", "relaylet-replica-ghost") >= 5).then_some(())
+        })
+        .await;
+
+        let since = store.revision();
+        let client = kube_client(&root.admin_kubeconfig().expect("kubeconfig"))
+            .await
+            .expect("admin client");
+        let nodes: Api<Node> = Api::all(client);
+        let params = kube::api::PatchParams::default();
+        nodes
+            .patch(
+                NODE,
+                &params,
+                &kube::api::Patch::Merge(
+                    json!({ "metadata": { "annotations": { "relaylet.io/served-by": "ghost" } } }),
+                ),
+            )
+            .await
+            .expect("served-by written over");
+        nodes
+            .patch_status(
+                NODE,
+                &params,
+                &kube::api::Patch::Merge(json!({ "status": { "addresses": [
+                    { "type": "InternalDNS", "address": "10.99.0.1" }
+                ] } })),
+            )
+            .await
+            .expect("address written over");
+        wait_for("the Node taken back from the ghost", || {
+            node_of(&store).filter(|n| {
+                served_by(n) == "relaylet-0"
+                    && first_address(n).is_some_and(|a| a.1 == "127.0.0.32")
+            })
+        })
+        .await;
+        // The foreign address did land before it was put right.
+        assert!(
+            versions_since::<Node>(&store, since, "nodes", NODE)
+                .iter()
+                .any(|n| served_by(n) == "ghost"
+                    && first_address(n).is_some_and(|a| a.1 == "10.99.0.1")),
+            "the attack landed"
+        );
     })
     .await
     .expect("test timed out");

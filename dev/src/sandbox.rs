@@ -239,12 +239,36 @@ impl Sandbox {
             ),
             ("POD_NAME".into(), "relaylet-0".into()),
             ("POD_NAMESPACE".into(), RELAYLET_NAMESPACE.into()),
+            // As the chart sets it: the Deployment's selector.
+            (
+                "REPLICA_SELECTOR".into(),
+                crate::testkit::replica_pod::selector(),
+            ),
             // Port 0: several sandboxes (tests) may run at once; relaylet reports the bound
             // address (`Running::metrics_addr`).
             ("METRICS_ADDR".into(), "127.0.0.1:0".into()),
         ]);
         env.extend(settings.env.clone());
+        if env
+            .get("LEADER_ELECT")
+            .is_some_and(|v| v == "false" || v == "0")
+        {
+            // A single replica has no peers to tell apart (relaylet refuses the selector).
+            env.remove("REPLICA_SELECTOR");
+        }
         let config = Config::from_lookup(|name| env.get(name).cloned())?;
+        if config.leader_elect {
+            // relaylet's own Pod, as its Deployment makes it: with leader election a replica
+            // counts only as a Running pod its selector finds.
+            let admin = kube_client(&root.admin_kubeconfig()?).await?;
+            crate::testkit::replica_pod::running(
+                &admin,
+                RELAYLET_NAMESPACE,
+                &config.replica_name(),
+                &config.leaf_node_ip.to_string(),
+            )
+            .await?;
+        }
         let root_client = kube_client(&root.kubeconfig(RELAYLET_ROOT_USER, &[])?).await?;
         let shutdown = Shutdown::default();
         let relaylet = relaylet::start(config.clone(), root_client, shutdown.clone())

@@ -84,6 +84,10 @@ pub struct Metrics {
     /// Answers read from a leaf past a limit (`watch_line`, `body`, `error_body`), and times a
     /// leaf held more pods or nodes than relaylet keeps (`pods`, `nodes`), by leaf and limit.
     pub leaf_limits_exceeded: Family<LeafConnectionLabels, Counter>,
+
+    /// Writes of replica Leases (presence or leader) that break the replica rules and are not
+    /// counted, by `reason` (see `replicas::identity`).
+    pub ignored_leases: Family<OneLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -231,9 +235,16 @@ impl Metrics {
             "Answers from a leaf read past relaylet's limit (limit=watch_line, body, error_body: the call failed) and times a leaf held more pods or nodes than relaylet keeps (limit=pods, nodes: its watch was dropped), by leaf and limit",
             leaf_limits_exceeded.clone(),
         );
+        let ignored_leases = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "ignored_leases",
+            "Writes of replica Leases (relaylet-replica-*, relaylet-leader) seen and not counted because they break the replica rules, by reason (holder_mismatch, not_a_live_pod)",
+            ignored_leases.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             leaf_limits_exceeded,
+            ignored_leases,
             virtual_nodes_served,
             virtual_node_takeovers,
             leaf_secret_refusals,
@@ -298,6 +309,13 @@ impl Metrics {
     pub fn counterpart_refusal(&self, leaf: &str, reason: &'static str) {
         self.counterpart_refusals
             .get_or_create(&[("leaf", leaf.to_string()), ("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// Counts one write of a replica Lease that is not counted (`replicas::identity`).
+    pub fn ignored_lease(&self, reason: &'static str) {
+        self.ignored_leases
+            .get_or_create(&[("reason", reason.to_string())])
             .inc();
     }
 

@@ -1,10 +1,14 @@
 //! Leader election between relaylet replicas on a Lease, like client-go's leaderelection.
 //!
-//! Every replica relays streams, but only the leader writes virtual Nodes and their Leases (and
-//! puts its own pod IP first in the Node addresses, so the root apiserver dials it). Expiry is
-//! judged by when this replica last *saw* the Lease change, not by the holder's clock, so clock
-//! skew between nodes cannot cause two leaders. A leader that cannot renew within
-//! [`RENEW_DEADLINE`] steps down at once, before its Lease can expire for anyone else.
+//! Every replica relays streams and writes its share of virtual Nodes; the leader also deletes
+//! the Nodes of removed leaves and the presence Leases of replicas long gone. The same code
+//! keeps each replica's presence Lease (`replicas`), where the replica is the only candidate.
+//! Expiry is judged by when this replica last *saw* the Lease change, not by the holder's
+//! clock, so clock skew between nodes cannot cause two leaders, and always after relaylet's own
+//! [`LEASE_DURATION`], never the Lease's `leaseDurationSeconds`. A holder that breaks the
+//! replica rules ([`Holders`], `identity`) does not count: the Lease is taken at once, and the
+//! write reported (`ignored`). A leader that cannot renew within [`RENEW_DEADLINE`] steps
+//! down at once, before its Lease can expire for anyone else.
 
 use std::time::Duration;
 
@@ -16,6 +20,10 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use super::identity::{self, Ignored};
+use super::ignored::IgnoredLeases;
+use super::live_pods::LivePods;
 
 /// How long a leader's claim lasts without renewal. A successor takes over at most this plus
 /// one [`RETRY_PERIOD`] after the leader dies: well inside a node lease's 40 s.
@@ -75,15 +83,39 @@ impl Leadership {
     }
 }
 
+/// Whose claim on an elected Lease counts, besides the candidate's own.
+#[derive(Clone)]
+pub enum Holders {
+    /// A presence Lease: it is its replica's alone, so any other holder is ignored.
+    OnlyMe,
+    /// The leader Lease: any live relaylet pod of this install.
+    LivePods(LivePods),
+}
+
+impl Holders {
+    /// Why `holder` (not the candidate, not empty) does not count, if it does not.
+    fn ignores(&self, holder: &str) -> Option<Ignored> {
+        match self {
+            Holders::OnlyMe => Some(Ignored::HolderMismatch),
+            Holders::LivePods(live) => identity::leader_holder(holder, live).err(),
+        }
+    }
+}
+
 /// Runs an election on Lease `namespace/name` as `identity` until `stop` fires; then, if
-/// leading, releases the Lease at once so a successor need not wait for it to expire. The
-/// replica stands only once `eligible` resolves (with a CSR-issued serving certificate: once
-/// it has one, so no leader ever advertises an address it cannot serve TLS on).
+/// leading, releases the Lease at once so a successor need not wait for it to expire. Another
+/// holder counts only as `holders` says; a write of one that does not is reported to
+/// `ignored`. The replica stands only once `eligible` resolves (with a CSR-issued serving
+/// certificate: once it has one, so no leader ever advertises an address it cannot serve TLS
+/// on; with leader election: once the live pods are known and include it).
+#[allow(clippy::too_many_arguments)]
 pub fn elect(
     root: Client,
     namespace: &str,
     name: &str,
     identity: String,
+    holders: Holders,
+    ignored: IgnoredLeases,
     eligible: impl std::future::Future<Output = ()> + Send + 'static,
     stop: CancellationToken,
 ) -> Leadership {
@@ -99,6 +131,8 @@ pub fn elect(
             api,
             name,
             identity,
+            holders,
+            ignored,
             observed: None,
             last_renew: None,
         };
@@ -132,6 +166,10 @@ struct Election {
     api: Api<Lease>,
     name: String,
     identity: String,
+    /// Whose claim counts besides ours.
+    holders: Holders,
+    /// Where writes of holders that do not count are reported.
+    ignored: IgnoredLeases,
     /// The Lease's (holder, renew time) last seen, and when we saw it change.
     observed: Option<(Claim, Instant)>,
     /// When we last renewed successfully as leader.
@@ -180,16 +218,22 @@ impl Election {
             self.observed = Some((seen, Instant::now()));
         }
         let holder = spec.holder_identity.as_deref().unwrap_or("");
-        let duration = spec
-            .lease_duration_seconds
-            .map(|s| Duration::from_secs(s.max(1) as u64))
-            .unwrap_or(LEASE_DURATION);
+        let mine = holder == self.identity;
+        // A holder that breaks the replica rules is as good as none.
+        let ignored = (!mine && !holder.is_empty())
+            .then(|| self.holders.ignores(holder))
+            .flatten();
+        if let Some(why) = ignored
+            && changed
+        {
+            self.ignored.report(&lease, holder, why);
+        }
+        // Relaylet's own duration, whatever the Lease says.
         let expired = self
             .observed
             .as_ref()
-            .is_some_and(|(_, at)| at.elapsed() > duration);
-        let mine = holder == self.identity;
-        if !mine && !holder.is_empty() && !expired {
+            .is_some_and(|(_, at)| at.elapsed() > LEASE_DURATION);
+        if !mine && !holder.is_empty() && ignored.is_none() && !expired {
             return Ok(false);
         }
         let transitions = spec.lease_transitions.unwrap_or(0) + if mine { 0 } else { 1 };
@@ -267,6 +311,7 @@ mod tests {
     use kube::client::Body;
 
     use super::*;
+    use crate::ops::metrics::Metrics;
 
     const NS: &str = "relaylet";
     const NAME: &str = "relaylet-leader";
@@ -378,16 +423,129 @@ mod tests {
         identity: &str,
         eligible: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> (Leadership, CancellationToken) {
+        candidate_judged(leases, identity, live_pods(), Metrics::new(), eligible)
+    }
+
+    /// The pods these tests treat as live relaylet replicas.
+    fn live_pods() -> Holders {
+        Holders::LivePods(LivePods::fixed(["a", "b", "dead", "skewed"]))
+    }
+
+    /// A candidate whose peers' claims count as `holders` says, reporting to `metrics`.
+    fn candidate_judged(
+        leases: &Arc<FakeLeases>,
+        identity: &str,
+        holders: Holders,
+        metrics: Metrics,
+        eligible: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> (Leadership, CancellationToken) {
         let stop = CancellationToken::new();
         let leadership = elect(
             client(leases.clone()),
             NS,
             NAME,
             identity.into(),
+            holders,
+            IgnoredLeases::counting(metrics),
             eligible,
             stop.clone(),
         );
         (leadership, stop)
+    }
+
+    /// The `relaylet_ignored_leases_total` count of `reason` in `metrics`.
+    fn ignored(metrics: &Metrics, reason: &str) -> u64 {
+        let text = metrics.encode().unwrap();
+        let prefix = format!("relaylet_ignored_leases_total{{reason=\"{reason}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    }
+
+    /// A claim written by someone else: `holder`, claiming a day.
+    fn claimed_for_a_day(holder: &str) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(86_400),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }
+    }
+
+    /// A leader Lease held by a name that is no live relaylet pod, claiming a day and renewed
+    /// by its writer, is taken at the first round, and every write of it is counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_ghost_leader_does_not_count_whatever_its_duration() {
+        let leases = Arc::new(FakeLeases::default());
+        leases.write(claimed_for_a_day("ghost"));
+        let metrics = Metrics::new();
+        let (mut a, _stop) = candidate_judged(
+            &leases,
+            "a",
+            live_pods(),
+            metrics.clone(),
+            std::future::ready(()),
+        );
+        let started = Instant::now();
+        until(&mut a, true).await;
+        assert!(started.elapsed() < RETRY_PERIOD, "{:?}", started.elapsed());
+        assert_eq!(ignored(&metrics, "not_a_live_pod"), 1);
+        // Hijacked again and again: taken back each round, each write counted.
+        for round in 2..=4 {
+            leases.write(claimed_for_a_day("ghost"));
+            // Past a's next round (its rounds and this sleep would end at the same instant).
+            tokio::time::sleep(RETRY_PERIOD + Duration::from_millis(100)).await;
+            assert_eq!(leases.holder().as_deref(), Some("a"));
+            assert_eq!(ignored(&metrics, "not_a_live_pod"), round);
+        }
+        assert!(a.is_leader());
+    }
+
+    /// A live replica's claim of a day lasts relaylet's own duration once it stops renewing.
+    #[tokio::test(start_paused = true)]
+    async fn a_live_leaders_claim_lasts_relaylets_duration_not_its_own() {
+        let leases = Arc::new(FakeLeases::default());
+        leases.write(claimed_for_a_day("dead"));
+        let metrics = Metrics::new();
+        let (mut b, _stop) = candidate_judged(
+            &leases,
+            "b",
+            live_pods(),
+            metrics.clone(),
+            std::future::ready(()),
+        );
+        let started = Instant::now();
+        until(&mut b, true).await;
+        let waited = started.elapsed();
+        assert!(
+            waited > LEASE_DURATION && waited <= LEASE_DURATION + RETRY_PERIOD * 2,
+            "{waited:?}"
+        );
+        assert_eq!(ignored(&metrics, "not_a_live_pod"), 0);
+    }
+
+    /// A presence Lease is its replica's alone: written over by anyone (even a live replica),
+    /// it is taken back at the next round and the write counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_presence_lease_written_over_is_taken_back_at_once() {
+        let leases = Arc::new(FakeLeases::default());
+        let metrics = Metrics::new();
+        let (mut a, _stop) = candidate_judged(
+            &leases,
+            "a",
+            Holders::OnlyMe,
+            metrics.clone(),
+            std::future::ready(()),
+        );
+        until(&mut a, true).await;
+        for holder in ["ghost", "b"] {
+            leases.write(claimed_for_a_day(holder));
+            // Past a's next round (its rounds and this sleep would end at the same instant).
+            tokio::time::sleep(RETRY_PERIOD + Duration::from_millis(100)).await;
+            assert_eq!(leases.holder().as_deref(), Some("a"));
+            assert!(a.is_leader(), "present throughout");
+        }
+        assert_eq!(ignored(&metrics, "holder_mismatch"), 2);
     }
 
     #[tokio::test(start_paused = true)]

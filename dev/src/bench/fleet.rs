@@ -558,6 +558,12 @@ impl Replica {
         let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + i as u8));
         let metrics = SocketAddr::new(ip, relaylet_sim::ports::free_loopback_port()?.port());
         let name = format!("relaylet-{i}");
+        if !alone {
+            // With leader election a replica counts only as a Running pod of its install.
+            let admin =
+                crate::sandbox::kube_client(&std::fs::read_to_string(&fleet.kubeconfig)?).await?;
+            crate::testkit::replica_pod::running(&admin, NAMESPACE, &name, &ip.to_string()).await?;
+        }
         let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
         let child = Command::new(std::env::current_exe()?)
             .arg("serve")

@@ -1,6 +1,7 @@
 //! The end-to-end tests' shared kit: one sandbox per test binary (root and leaf stand-ins plus
 //! relaylet, as `relaylet-dev sandbox` starts them) and helpers to run real `kubectl` binaries
-//! against it; `metrics` reads relaylet's operations ports, `realk8s` starts real Kubernetes.
+//! against it; `metrics` reads relaylet's operations ports, `realk8s` starts real Kubernetes,
+//! `replica_pod` gives each replica the Running Pod relaylet's leader election asks for.
 
 pub mod forwarder;
 pub mod metrics;
@@ -8,6 +9,7 @@ pub mod process;
 pub mod proxy;
 pub mod raw_http;
 pub mod realk8s;
+pub mod replica_pod;
 pub mod ws_exec;
 
 use std::path::{Path, PathBuf};

@@ -1,7 +1,8 @@
 //! relaylet as its own process beside the sandbox's in-process replica (the shipped binary,
 //! configured by env vars like the sandbox's), for tests that kill it or measure its memory.
-//! It joins the sandbox's leader election, so the in-process replica keeps writing the Nodes
-//! until it shuts down; its own kubelet port serves every virtual node's pods meanwhile.
+//! It joins the sandbox's leader election (with a Running Pod of its name, `replica_pod`), so
+//! the in-process replica keeps writing the Nodes until it shuts down; its own kubelet port
+//! serves every virtual node's pods meanwhile.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -32,6 +33,14 @@ impl RelayletProcess {
                 .expect("relaylet's root kubeconfig"),
         )
         .expect("write kubeconfig");
+        // Its Pod, as its Deployment would make it: a replica counts only as a live pod.
+        super::RT
+            .block_on(async {
+                let admin =
+                    crate::sandbox::kube_client(&e.sandbox.root.admin_kubeconfig()?).await?;
+                super::replica_pod::running(&admin, RELAYLET_NAMESPACE, pod_name, "127.0.0.1").await
+            })
+            .expect("the replica's pod");
         // A process is told its port by number (NODE_SERVER_PORT must be 1-65535): see
         // relaylet_sim::ports.
         let addr = relaylet_sim::ports::free_loopback_port().expect("a free port");

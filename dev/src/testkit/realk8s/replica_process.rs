@@ -64,11 +64,16 @@ impl ReplicaProcess {
 
     /// Finished sessions of `leaf` this replica served (`relaylet_sessions_total`).
     pub fn sessions_of(&self, leaf: &str) -> f64 {
+        self.metric("relaylet_sessions_total", &[("leaf", leaf)])
+    }
+
+    /// The sum of metric `name` over the series with `labels`, as its operations port says.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let metrics = self.metrics;
         let scrape = crate::testkit::RT
             .block_on(async move { crate::testkit::metrics::http_get(metrics, "/metrics").await });
         let scrape = crate::testkit::metrics::parse(&scrape.body);
-        crate::testkit::metrics::sum(&scrape, "relaylet_sessions_total", &[("leaf", leaf)])
+        crate::testkit::metrics::sum(&scrape, name, labels)
     }
 }
 

@@ -96,6 +96,8 @@ pub struct World {
     root_kubeconfig: String,
     /// Per replica, when replicas are pods: a kubeconfig with the token bound to its Pod.
     replica_kubeconfigs: Vec<String>,
+    /// The replicas whose Pod exists (`replica_pod`).
+    replica_pods: Mutex<std::collections::BTreeSet<usize>>,
     config_env: BTreeMap<String, String>,
     /// Where the replicas' addresses come from.
     addresses: super::addresses::ReplicaAddresses,
@@ -186,9 +188,16 @@ impl World {
         // relaylet's root identity: the chart's ServiceAccount.
         let sa_token = relaylet_token(&root, &[]);
         let root_kubeconfig = token_kubeconfig(&root, sa_token.trim());
+        // Every replica has its Pod, Running at its address: with leader election relaylet
+        // counts a replica only as a live pod its selector (the chart's) finds.
+        let pod_uids: Vec<String> = (0..setup.replicas)
+            .map(|i| replica_pod(&root, i, addresses.ip(i)))
+            .collect();
         let replica_kubeconfigs = if setup.replica_pods {
-            (0..setup.replicas)
-                .map(|i| token_kubeconfig(&root, &replica_pod(&root, i, addresses.ip(i))))
+            pod_uids
+                .iter()
+                .enumerate()
+                .map(|(i, uid)| token_kubeconfig(&root, &pod_bound_token(&root, i, uid)))
                 .collect()
         } else {
             Vec::new()
@@ -204,6 +213,7 @@ impl World {
             replicas: Mutex::new(Vec::new()),
             root_kubeconfig,
             replica_kubeconfigs,
+            replica_pods: Mutex::new((0..setup.replicas).collect()),
             config_env,
             addresses,
             runtime,
@@ -239,8 +249,12 @@ impl World {
     }
 
     /// The env replica `i` runs with: the chart's, and what the downward API would give it.
+    /// Its Pod is made first if it has none (every way of starting a replica asks for this).
     pub fn replica_env(&self, i: usize) -> BTreeMap<String, String> {
         let ip = self.replica_ip(i);
+        if self.replica_pods.lock().expect("replica pods").insert(i) {
+            replica_pod(&self.root, i, ip);
+        }
         let mut env = self.config_env.clone();
         env.insert("LEAF_NODE_IP".into(), ip.to_string());
         env.insert("POD_NAME".into(), format!("relaylet-{i}"));
@@ -668,28 +682,17 @@ fn chart_sets(values: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Makes Pod `relaylet-<i>` in relaylet's namespace with replica `i`'s address as its IP, as
-/// the kubelet would report it, and returns a token of relaylet's ServiceAccount bound to it
-/// (what a pod's projected token is: the apiserver adds the pod's name and UID to the user's
-/// extra).
-fn replica_pod(root: &ControlPlane, i: usize, ip: IpAddr) -> String {
+/// Makes Pod `relaylet-<i>` in relaylet's namespace with the chart's pod labels and replica
+/// `i`'s address as its IP, Running, as the kubelet would report it (through the `status`
+/// subresource; the Pod is bound to no node, so no kubelet or pod GC touches it); its UID.
+pub fn replica_pod(root: &ControlPlane, i: usize, ip: IpAddr) -> String {
     let name = format!("relaylet-{i}");
     let pod = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {RELAYLET_NAMESPACE}\n  labels:\n    app.kubernetes.io/name: relaylet\nspec:\n  serviceAccountName: relaylet\n  containers:\n  - name: relaylet\n    image: relaylet:test\n"
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {RELAYLET_NAMESPACE}\n  labels:\n    app.kubernetes.io/name: relaylet\n    app.kubernetes.io/instance: relaylet\n    pod-template-hash: 5d8f7b9c4\nspec:\n  serviceAccountName: relaylet\n  containers:\n  - name: relaylet\n    image: relaylet:test\n"
     );
     root.kubectl_stdin_ok(&["create", "-f", "-"], Some(&pod));
+    set_replica_phase(root, i, "Running", Some(ip));
     root.kubectl_ok(&[
-        "patch",
-        "pod",
-        &name,
-        "-n",
-        RELAYLET_NAMESPACE,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &format!(r#"{{"status":{{"podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}]}}}}"#),
-    ]);
-    let uid = root.kubectl_ok(&[
         "get",
         "pod",
         &name,
@@ -697,13 +700,38 @@ fn replica_pod(root: &ControlPlane, i: usize, ip: IpAddr) -> String {
         RELAYLET_NAMESPACE,
         "-o",
         "jsonpath={.metadata.uid}",
+    ])
+    .trim()
+    .to_string()
+}
+
+/// Writes the phase (and IP) of replica `i`'s Pod, as its kubelet would.
+pub fn set_replica_phase(root: &ControlPlane, i: usize, phase: &str, ip: Option<IpAddr>) {
+    let ip = ip.map_or(String::new(), |ip| {
+        format!(r#","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}]"#)
+    });
+    root.kubectl_ok(&[
+        "patch",
+        "pod",
+        &format!("relaylet-{i}"),
+        "-n",
+        RELAYLET_NAMESPACE,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"status":{{"phase":"{phase}"{ip}}}}}"#),
     ]);
+}
+
+/// A token of relaylet's ServiceAccount bound to replica `i`'s Pod (UID `uid`): what a pod's
+/// projected token is (the apiserver adds the pod's name and UID to the user's extra).
+fn pod_bound_token(root: &ControlPlane, i: usize, uid: &str) -> String {
     relaylet_token(
         root,
         &[
             "--bound-object-kind=Pod",
-            &format!("--bound-object-name={name}"),
-            &format!("--bound-object-uid={}", uid.trim()),
+            &format!("--bound-object-name=relaylet-{i}"),
+            &format!("--bound-object-uid={uid}"),
         ],
     )
 }
