@@ -1436,6 +1436,26 @@ async fn two_replicas_two_nodes(
         leaves.push(leaf);
         nodes.push(format!("relaylet-{name}"));
     }
+    spread_over(&store, &nodes, &ips).await;
+    // The spread may come before the replicas have seen each other renew (a replica counts a
+    // peer once it has seen two of its claims, listing every 2 s): a Lease written over before
+    // then hides a peer that was never counted, and its Nodes move. Wait until each presence
+    // Lease has been renewed four times (6 s: at least two listings of every replica saw it
+    // change), then take the spread that stands.
+    let seen_from = store.revision();
+    wait_for("both replicas renewed four times", || {
+        ips.keys()
+            .all(|r| {
+                writes_since(
+                    &store,
+                    seen_from,
+                    "leases",
+                    &format!("relaylet-replica-{r}"),
+                ) >= 4
+            })
+            .then_some(())
+    })
+    .await;
     let owners = spread_over(&store, &nodes, &ips).await;
     (root, leaves, replicas, ips, owners)
 }

@@ -33,14 +33,28 @@ impl RelayletProcess {
                 .expect("relaylet's root kubeconfig"),
         )
         .expect("write kubeconfig");
-        // Its Pod, as its Deployment would make it: a replica counts only as a live pod.
-        super::RT
-            .block_on(async {
-                let admin =
-                    crate::sandbox::kube_client(&e.sandbox.root.admin_kubeconfig()?).await?;
-                super::replica_pod::running(&admin, RELAYLET_NAMESPACE, pod_name, "127.0.0.1").await
-            })
-            .expect("the replica's pod");
+        // Its Pod, as its Deployment would make it: a replica counts only as a live pod. Made on
+        // a thread of its own, so a test may start a process from inside the runtime too.
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    super::RT.block_on(async {
+                        let admin =
+                            crate::sandbox::kube_client(&e.sandbox.root.admin_kubeconfig()?)
+                                .await?;
+                        super::replica_pod::running(
+                            &admin,
+                            RELAYLET_NAMESPACE,
+                            pod_name,
+                            "127.0.0.1",
+                        )
+                        .await
+                    })
+                })
+                .join()
+        })
+        .expect("the replica's pod is made without a panic")
+        .expect("the replica's pod");
         // A process is told its port by number (NODE_SERVER_PORT must be 1-65535): see
         // relaylet_sim::ports.
         let addr = relaylet_sim::ports::free_loopback_port().expect("a free port");
