@@ -74,8 +74,6 @@ pub enum StatsError {
         #[source]
         source: kube::Error,
     },
-    #[error("relaylet is shutting down")]
-    Closed,
 }
 
 /// One container's usage, as relaylet exports it.
@@ -234,7 +232,8 @@ impl NodeStats {
         latest
             .pods
             .get(self.max_age, async {
-                let _permit = self.reads.acquire().await.map_err(|_| StatsError::Closed)?;
+                // The semaphore is never closed, so acquiring never fails.
+                let _permit = self.reads.acquire().await.ok();
                 self.root_pods(node).await
             })
             .await
@@ -246,7 +245,8 @@ impl NodeStats {
         latest
             .usage
             .get(self.max_age, async {
-                let _permit = self.reads.acquire().await.map_err(|_| StatsError::Closed)?;
+                // The semaphore is never closed, so acquiring never fails.
+                let _permit = self.reads.acquire().await.ok();
                 let pods = self.root_pods(node).await?;
                 let proven = self.counterparts(&leaf, &pods).await?;
                 let metrics = leaf_pod_metrics(&leaf).await?;
@@ -265,7 +265,7 @@ impl NodeStats {
         paged(|token| {
             let params = continued(&params, token);
             let api = api.clone();
-            async move { api.list(&params).await }
+            async move { api.list(&params).await.map(page_of) }
         })
         .await
         .map_err(|source| StatsError::RootPods {
@@ -300,7 +300,7 @@ impl NodeStats {
         let listed = paged(|token| {
             let params = continued(&params, token);
             let api = api.clone();
-            async move { api.list_metadata(&params).await }
+            async move { api.list_metadata(&params).await.map(page_of) }
         })
         .await
         .map_err(|source| StatsError::LeafPods {
@@ -455,23 +455,30 @@ fn continued(params: &ListParams, token: Option<String>) -> ListParams {
     }
 }
 
+/// One page of a LIST: its items and the continue token of the next, if any.
+type Page<T> = (Vec<T>, Option<String>);
+
 /// Every item of a LIST, read page by page: `page` reads the page after a continue token.
-async fn paged<T, F, P>(mut page: P) -> Result<Vec<T>, kube::Error>
+async fn paged<T, E, F, P>(mut page: P) -> Result<Vec<T>, E>
 where
-    T: Clone,
     P: FnMut(Option<String>) -> F,
-    F: Future<Output = Result<ObjectList<T>, kube::Error>>,
+    F: Future<Output = Result<Page<T>, E>>,
 {
     let mut items = Vec::new();
     let mut token = None;
     loop {
-        let list = page(token.take()).await?;
-        items.extend(list.items);
-        match list.metadata.continue_ {
+        let (list, next) = page(token.take()).await?;
+        items.extend(list);
+        match next {
             Some(next) if !next.is_empty() => token = Some(next),
             _ => return Ok(items),
         }
     }
+}
+
+/// A kube LIST's page.
+fn page_of<T: Clone>(list: ObjectList<T>) -> Page<T> {
+    (list.items, list.metadata.continue_)
 }
 
 /// Every PodMetrics the leaf has, in pages (filtered by the caller).
@@ -480,11 +487,9 @@ async fn leaf_pod_metrics(leaf: &Leaf) -> Result<Vec<PodMetrics>, StatsError> {
         leaf: leaf.name.clone(),
         message,
     };
-    let mut items = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
+    paged(|token| async move {
         let mut uri = format!("/apis/metrics.k8s.io/v1beta1/pods?limit={PAGE}");
-        if let Some(token) = token.take() {
+        if let Some(token) = token {
             let token: String = form_urlencoded::byte_serialize(token.as_bytes()).collect();
             uri.push_str("&continue=");
             uri.push_str(&token);
@@ -501,12 +506,9 @@ async fn leaf_pod_metrics(leaf: &Leaf) -> Result<Vec<PodMetrics>, StatsError> {
                     source,
                 })?;
         let list: PodMetricsList = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        items.extend(list.items);
-        match list.metadata.continue_ {
-            Some(next) if !next.is_empty() => token = Some(next),
-            _ => return Ok(items),
-        }
-    }
+        Ok((list.items, list.metadata.continue_))
+    })
+    .await
 }
 
 /// Seconds in a Go duration string (`30s`, `1m0.5s`, `150ms`), as metrics.k8s.io writes windows.
