@@ -444,11 +444,46 @@ pub fn describe(k: &Kubectl, out: &Output) -> String {
 /// [`PTY_DRIVER`] with `kubeconfig` (WebSockets off when `spdy`): asserts the remote tty saw the
 /// initial size 40x100, then the resize to 50x132, and the exit code 5.
 pub fn assert_tty_size_and_resize(k: &Kubectl, kubeconfig: &Path, pod: &str, spdy: bool) {
+    assert_tty_size_and_resize_of(
+        k,
+        kubeconfig,
+        pod,
+        spdy,
+        "stty size; read x; stty size; exit 5",
+    );
+}
+
+/// [`assert_tty_size_and_resize`] on a container runtime that sets the first size a moment
+/// after the command starts (containerd: the resize goes to the process once it runs, so a
+/// command asking at once may still see 0x0): the command waits until it has a size.
+pub fn assert_tty_size_and_resize_on_a_runtime(
+    k: &Kubectl,
+    kubeconfig: &Path,
+    pod: &str,
+    spdy: bool,
+) {
+    assert_tty_size_and_resize_of(
+        k,
+        kubeconfig,
+        pod,
+        spdy,
+        // busybox's stty prints an error and exits 0 while the size is 0x0.
+        "until stty size 2>/dev/null | grep -q .; do sleep 0.1; done; stty size; read x; stty size; exit 5",
+    );
+}
+
+fn assert_tty_size_and_resize_of(
+    k: &Kubectl,
+    kubeconfig: &Path,
+    pod: &str,
+    spdy: bool,
+    script: &str,
+) {
     let mut cmd = std::process::Command::new("python3");
     cmd.args(["-c", PTY_DRIVER])
         .arg(&k.path)
         .args(["exec", "-it", pod, "--", "sh", "-c"])
-        .arg("stty size; read x; stty size; exit 5")
+        .arg(script)
         .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -151,8 +151,10 @@ impl Process {
     pub(super) fn assert_running(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {
             let output = std::fs::read_to_string(&self.log).unwrap_or_default();
+            // Without the flag dump a kubelet opens with (its error comes after).
             let tail: String = output
                 .lines()
+                .filter(|l| !l.contains("] FLAG: --"))
                 .rev()
                 .take(60)
                 .collect::<Vec<_>>()

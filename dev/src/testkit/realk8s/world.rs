@@ -57,6 +57,9 @@ pub struct Setup {
     /// Leaves whose kubelet declares `ExtendWebSocketsToKubelet` and translates WebSocket calls
     /// itself, as a 1.36+ kubelet does (1.37 leaves only).
     pub declaring_leaves: &'static [&'static str],
+    /// Leaves whose node is a real kubelet with containerd ([`super::real_node`]) instead of a
+    /// leafkubelet (at most one per test process: its network namespace is named by the pid).
+    pub real_node_leaves: &'static [&'static str],
 }
 
 impl Default for Setup {
@@ -76,6 +79,7 @@ impl Default for Setup {
             leaf_version: K8s::V1_35,
             root_also_on: None,
             declaring_leaves: &[],
+            real_node_leaves: &[],
         }
     }
 }
@@ -89,6 +93,8 @@ pub struct Replica {
 
 /// The clusters and relaylet.
 pub struct World {
+    /// The real nodes of `Setup::real_node_leaves`, by leaf; dropped before their clusters.
+    pub real_nodes: BTreeMap<String, super::real_node::RealNode>,
     pub root: ControlPlane,
     pub leaves: BTreeMap<String, ControlPlane>,
     /// Replicas by index; a stopped one is `None`.
@@ -157,7 +163,14 @@ impl World {
         root.kubectl_stdin_ok(&["apply", "-f", "-"], Some(&rendered));
 
         let mut leaves = BTreeMap::new();
+        let mut real_nodes = BTreeMap::new();
+        assert!(
+            setup.real_node_leaves.len() <= 1,
+            "one real node per test process"
+        );
         for name in setup.leaves {
+            let real = setup.real_node_leaves.contains(name);
+            let netns = real.then(super::netns::Netns::create);
             let mut leaf = ControlPlane::start(
                 dir.path(),
                 Options {
@@ -166,10 +179,18 @@ impl World {
                     controller_manager: false,
                     verify_kubelet_certificates: false,
                     version: setup.leaf_version,
-                    also_serve_on: None,
+                    // The real node's kubelet reaches its apiserver on the host's end.
+                    also_serve_on: netns.as_ref().map(|n| n.host_ip),
                 },
             );
-            leaf.add_kubelet(&leaf_node(name), setup.declaring_leaves.contains(name));
+            match netns {
+                Some(netns) => {
+                    let node =
+                        super::real_node::RealNode::start(&mut leaf, &leaf_node(name), netns);
+                    real_nodes.insert(name.to_string(), node);
+                }
+                None => leaf.add_kubelet(&leaf_node(name), setup.declaring_leaves.contains(name)),
+            }
             connect_leaf(dir.path(), &root, &leaf, name, &[]);
             leaves.insert(name.to_string(), leaf);
         }
@@ -208,6 +229,7 @@ impl World {
             .build()
             .expect("runtime");
         let world = World {
+            real_nodes,
             root,
             leaves,
             replicas: Mutex::new(Vec::new()),
