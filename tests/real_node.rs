@@ -4,7 +4,10 @@
 //! does: kubectl → real root apiserver → relaylet → real leaf apiserver → real kubelet → CRI →
 //! containerd's streaming server → the container.
 
-use std::sync::OnceLock;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::{OnceLock, RwLock};
+use std::time::Duration;
 
 use relaylet_dev::testkit as support;
 use relaylet_sim::tools::Kubectl;
@@ -38,6 +41,9 @@ fn world() -> &'static World {
     })
 }
 
+/// The cut test kills the node's kubelet: the other tests wait for it to be back.
+static KUBELET_UP: RwLock<()> = RwLock::new(());
+
 fn kubectl(version: &str) -> Kubectl {
     relaylet_sim::tools::kubectl(version)
         .unwrap_or_else(|| panic!("kubectl {version} is not available: run tests/tools/install.sh"))
@@ -49,6 +55,7 @@ fn kubectl(version: &str) -> Kubectl {
 #[test]
 fn every_streaming_call_reaches_a_real_container() {
     let w = world();
+    let _up = KUBELET_UP.read().unwrap_or_else(|e| e.into_inner());
     for (version, spdy) in [("1.35", false), ("1.35", true), ("1.27", false)] {
         let k = kubectl(version);
         if spdy {
@@ -73,6 +80,7 @@ fn every_streaming_call_reaches_a_real_container() {
 #[test]
 fn exec_runs_in_the_container_not_on_this_machine() {
     let w = world();
+    let _up = KUBELET_UP.read().unwrap_or_else(|e| e.into_inner());
     let k = kubectl("1.35");
     let out = Run::new(
         &k,
@@ -104,6 +112,7 @@ fn exec_runs_in_the_container_not_on_this_machine() {
 #[test]
 fn a_command_killed_in_the_container_does_not_read_as_success() {
     let w = world();
+    let _up = KUBELET_UP.read().unwrap_or_else(|e| e.into_inner());
     let k = kubectl("1.35");
     let out = Run::new(
         &k,
@@ -112,4 +121,91 @@ fn a_command_killed_in_the_container_does_not_read_as_success() {
     )
     .output();
     assert_eq!(out.status.code(), Some(137), "{}", describe(&k, &out));
+}
+
+/// Starts `kubectl exec <pod> -- sh -c 'echo started; exec sleep 300'` through the root and
+/// waits until the command runs; the running kubectl.
+fn long_exec(w: &World, k: &Kubectl, pod: &str) -> std::process::Child {
+    let mut child = Run::new(
+        k,
+        w.root_kubeconfig(),
+        &[
+            "exec",
+            pod,
+            "--",
+            "sh",
+            "-c",
+            "echo started; exec sleep 300",
+        ],
+    )
+    .command()
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("kubectl exec");
+    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let first = stdout.lines().next().and_then(Result::ok);
+    assert_eq!(first.as_deref(), Some("started"), "the command runs");
+    child
+}
+
+/// The process of this machine whose environment holds `POD=<pod>` and whose command line
+/// holds `needle`: a container's process, seen from the host.
+fn container_process(pod: &str, needle: &str) -> Option<i32> {
+    let env = format!("POD={pod}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let has = |hay: &[u8], n: &[u8]| hay.windows(n.len()).any(|w| w == n);
+        (environ.split(|b| *b == 0).any(|v| v == env.as_bytes())
+            && has(&cmdline, needle.as_bytes()))
+        .then_some(pid)
+    })
+}
+
+/// Sessions cut under the real kubelet never read as success: the container killed while a
+/// command runs in it (its init dies, the kernel kills the rest of its PID namespace), and the
+/// node's kubelet killed while a session runs through it. kubectl exits non-zero both times.
+#[test]
+fn sessions_cut_by_the_container_or_the_kubelet_fail_in_kubectl() {
+    let w = world();
+    let _down = KUBELET_UP.write().unwrap_or_else(|e| e.into_inner());
+    let k = kubectl("1.35");
+    const HANG: Duration = Duration::from_secs(90);
+
+    w.sync_pod_from("leaf-1", "default", "cut", busybox_pod);
+    let session = long_exec(w, &k, "cut");
+    let init = container_process("default/cut", "tmp/www").expect("the container's init process");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &init.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(killed, "kill -KILL {init}");
+    let status = support::wait_exit(session, HANG).expect("kubectl exits once its container dies");
+    assert!(
+        !status.success(),
+        "an exec whose container was killed exited {status:?}"
+    );
+
+    let session = long_exec(w, &k, "box");
+    let node = &w.real_nodes["leaf-1"];
+    node.kill_kubelet();
+    let status = support::wait_exit(session, HANG).expect("kubectl exits once the kubelet dies");
+    node.restart_kubelet();
+    assert!(
+        !status.success(),
+        "an exec whose kubelet was killed exited {status:?}"
+    );
+    // Back: a new session works.
+    let mut ok = false;
+    for _ in 0..100 {
+        let out = Run::new(&k, w.root_kubeconfig(), &["exec", "box", "--", "true"]).output();
+        if out.status.success() {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(ok, "exec works again once the kubelet is back");
 }

@@ -56,7 +56,10 @@ pub struct RealNode {
     pub name: String,
     /// The node's address (its InternalIP), where the kubelet listens.
     pub ip: IpAddr,
-    pub kubelet: Process,
+    /// The kubelet (a test may kill it and start it again).
+    kubelet: std::sync::Mutex<Process>,
+    /// How it was started: nsenter's arguments.
+    kubelet_args: Vec<String>,
     pub containerd: Process,
     /// Holds the node's mount namespace while the daemons come and go.
     holder: Process,
@@ -368,22 +371,18 @@ state = "{state}"
             })
             .to_string(),
         );
-        let mut kubelet = Process::spawn(
-            &format!("{name}-kubelet"),
-            &dir,
-            Path::new("/usr/bin/nsenter"),
-            &joined(
-                &parts.join("kubelet"),
-                &[
-                    format!("--config={}", kubelet_config.display()),
-                    format!("--kubeconfig={}", kubelet_kubeconfig.display()),
-                    format!("--root-dir={}", dir.join("kubelet").display()),
-                    format!("--hostname-override={name}"),
-                    format!("--node-ip={}", netns.ns_ip),
-                    "--v=1".into(),
-                ],
-            ),
+        let kubelet_args = joined(
+            &parts.join("kubelet"),
+            &[
+                format!("--config={}", kubelet_config.display()),
+                format!("--kubeconfig={}", kubelet_kubeconfig.display()),
+                format!("--root-dir={}", dir.join("kubelet").display()),
+                format!("--hostname-override={name}"),
+                format!("--node-ip={}", netns.ns_ip),
+                "--v=1".into(),
+            ],
         );
+        let mut kubelet = spawn_kubelet(name, &dir, &kubelet_args);
         let admin_kubeconfig = plane.admin_kubeconfig.clone();
         wait_until(
             &format!("real node {name} Ready"),
@@ -406,13 +405,37 @@ state = "{state}"
         RealNode {
             name: name.to_string(),
             ip: netns.ns_ip,
-            kubelet,
+            kubelet: std::sync::Mutex::new(kubelet),
+            kubelet_args,
             containerd,
             holder,
             dir,
             leftovers,
             _netns: netns,
         }
+    }
+
+    /// Kills the kubelet (SIGKILL, as a crash): containerd and the containers keep running.
+    pub fn kill_kubelet(&self) {
+        self.kubelet
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .kill();
+    }
+
+    /// Starts the kubelet again (after [`kill_kubelet`](Self::kill_kubelet)); waits until it
+    /// serves its port.
+    pub fn restart_kubelet(&self) {
+        let mut kubelet = self.kubelet.lock().unwrap_or_else(|e| e.into_inner());
+        kubelet.kill();
+        *kubelet = spawn_kubelet(&self.name, &self.dir, &self.kubelet_args);
+        let ip = self.ip.to_string();
+        wait_until(
+            &format!("the kubelet of {} serves again", self.name),
+            Duration::from_secs(60),
+            &mut [&mut kubelet],
+            || self._netns.can_dial(&ip, KUBELET_PORT),
+        );
     }
 
     /// The containerd version the node runs (`ctr version`'s server line).
@@ -429,7 +452,7 @@ state = "{state}"
 
 impl Drop for RealNode {
     fn drop(&mut self) {
-        self.kubelet.kill();
+        self.kill_kubelet();
         self.leftovers.remove();
         self.containerd.kill();
         self.holder.kill();
@@ -484,6 +507,16 @@ fn remove_cgroup(root: &str) {
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// The kubelet of node `name`, joined to the node's namespaces by nsenter's `args`.
+fn spawn_kubelet(name: &str, dir: &Path, args: &[String]) -> Process {
+    Process::spawn(
+        &format!("{name}-kubelet"),
+        dir,
+        Path::new("/usr/bin/nsenter"),
+        args,
+    )
 }
 
 /// `ctr --address <sock> -n k8s.io <args>`: its output, or its error text.
