@@ -78,7 +78,11 @@ fn podman(args: &[&str]) -> Output {
 fn inspect() -> serde_json::Value {
     image();
     let out = podman(&["image", "inspect", IMAGE]);
-    assert!(out.status.success(), "podman image inspect: {}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "podman image inspect: {}",
+        text(&out.stderr)
+    );
     let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     all[0].clone()
 }
@@ -114,7 +118,11 @@ fn contained(args: &[&str], env: &[(&str, &str)]) -> Output {
 #[test]
 fn the_build_is_saved_as_a_docker_archive() {
     let archive = image();
-    let out = Command::new("tar").arg("-tf").arg(archive).output().unwrap();
+    let out = Command::new("tar")
+        .arg("-tf")
+        .arg(archive)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{} is not a tar archive: {}",
@@ -137,7 +145,10 @@ fn the_build_is_saved_as_a_docker_archive() {
     let manifest: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
     let id = inspect()["Id"].as_str().unwrap().to_string();
     let config = manifest[0]["Config"].as_str().unwrap_or_default();
-    assert!(config.contains(&id), "archive's config {config} is not image {id}");
+    assert!(
+        config.contains(&id),
+        "archive's config {config} is not image {id}"
+    );
     let tags = manifest[0]["RepoTags"].to_string();
     assert!(tags.contains("relaylet:dev"), "archive's tags: {tags}");
 }
@@ -147,7 +158,10 @@ fn the_image_config_is_the_dockerfiles() {
     let image = inspect();
     let config = &image["Config"];
     assert_eq!(config["User"], "65532:65532", "{config:#}");
-    assert_eq!(config["Entrypoint"], serde_json::json!(["/usr/local/bin/relaylet"]));
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/relaylet"])
+    );
     assert_eq!(config["Cmd"], serde_json::json!(["serve"]));
     let mut ports: Vec<&String> = config["ExposedPorts"]
         .as_object()
@@ -180,7 +194,13 @@ fn the_image_config_is_the_dockerfiles() {
 
 #[test]
 fn the_image_has_no_shell() {
-    for shell in ["/bin/sh", "/bin/bash", "/usr/bin/sh", "/bin/dash", "/busybox/sh"] {
+    for shell in [
+        "/bin/sh",
+        "/bin/bash",
+        "/usr/bin/sh",
+        "/bin/dash",
+        "/busybox/sh",
+    ] {
         image();
         let out = podman(&[
             "run",
@@ -237,7 +257,10 @@ fn serve_refuses_a_bad_configuration_as_the_host_binary_does() {
     for env in cases {
         let inside = contained(&[], env);
         let outside = host(&["serve"], env);
-        assert!(!outside.status.success(), "the host binary accepted {env:?}");
+        assert!(
+            !outside.status.success(),
+            "the host binary accepted {env:?}"
+        );
         let message = text(&outside.stderr);
         assert!(message.contains("LEAF_NODE_IP"), "{message}");
         assert_eq!(inside.status.code(), outside.status.code(), "{env:?}");
@@ -339,7 +362,10 @@ fn serve_starts_as_uid_65532_with_a_read_only_root_and_no_capabilities() {
             text(&state.stdout).trim() == "true",
             "relaylet stopped in the container:\n{logs}"
         );
-        assert!(Instant::now() < deadline, "relaylet never listened:\n{logs}");
+        assert!(
+            Instant::now() < deadline,
+            "relaylet never listened:\n{logs}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(logs.contains("metrics server listening"), "{logs}");

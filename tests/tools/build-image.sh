@@ -67,9 +67,10 @@ podman=(podman --runtime runc)
 rust_version="$(sed -n -E 's/^ARG RUST_VERSION=([0-9.]+)$/\1/p' "$root/Dockerfile")"
 [ -n "$rust_version" ] || fail "no 'ARG RUST_VERSION=' in $root/Dockerfile"
 builder_base="docker.io/library/rust:$rust_version-slim-bookworm"
-grep -qxF "FROM docker.io/library/rust:\${RUST_VERSION}-slim-bookworm AS build" "$root/Dockerfile" &&
-  grep -qxF "FROM $runtime_base" "$root/Dockerfile" ||
+if ! grep -qxF "FROM docker.io/library/rust:\${RUST_VERSION}-slim-bookworm AS build" "$root/Dockerfile" ||
+  ! grep -qxF "FROM $runtime_base" "$root/Dockerfile"; then
   fail "the Dockerfile's FROM lines are not the ones this script makes ($builder_base, $runtime_base)"
+fi
 crate_version="$(sed -n -E '/^\[package\]/,/^\[/s/^version = "([^"]+)"$/\1/p' "$root/Cargo.toml" | head -n1)"
 [ -n "$crate_version" ] || fail "no package version in $root/Cargo.toml"
 
@@ -98,17 +99,19 @@ mirrors=(
 # section, and what it takes from the host.
 recipe_text="$(sed -n '/^# --- base images/,/^# --- end of base images/p' "$0")"
 
+# stamp_file NAME: where the recipe hash and image id of base image NAME are recorded.
+stamp_file() { echo "$cache/base-$(echo "$1" | tr '/:' '__').recipe"; }
 # fresh NAME HASH: true when image NAME exists and is the one made by the recipe HASH.
 fresh() {
-  local name="$1" hash="$2" stamp="$cache/base-$(echo "$1" | tr '/:' '__').recipe" id
-  id="$(podman image inspect --format '{{.Id}}' "$name" 2>/dev/null)" || return 1
-  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash $id" ]
+  local id
+  id="$(podman image inspect --format '{{.Id}}' "$1" 2>/dev/null)" || return 1
+  [ -f "$(stamp_file "$1")" ] && [ "$(cat "$(stamp_file "$1")")" = "$2 $id" ]
 }
 # stamp NAME HASH: records that image NAME was made by the recipe HASH.
 stamp() {
-  local stamp="$cache/base-$(echo "$1" | tr '/:' '__').recipe" id
+  local id
   id="$(podman image inspect --format '{{.Id}}' "$1")"
-  echo "$2 $id" >"$stamp"
+  echo "$2 $id" >"$(stamp_file "$1")"
 }
 
 # --- base images ---------------------------------------------------------------------------------
