@@ -179,7 +179,7 @@ async fn until_refused(
     let mut held = Vec::new();
     loop {
         let mut tls = tls_from(e, from, identity).await;
-        let (line, body) = get_with(&mut tls, "/healthz", headers).await;
+        let (line, body) = support::raw_http::get_with(&mut tls, "/healthz", headers).await;
         if line == "HTTP/1.1 503 Service Unavailable" {
             let (code, reason, message) = status_of(&body);
             assert_eq!((code, reason.as_str()), (503, "ServiceUnavailable"));
@@ -188,43 +188,6 @@ async fn until_refused(
         assert_eq!(line, answer, "{body}");
         held.push((tls, body));
         assert!(held.len() <= 24, "never refused");
-    }
-}
-
-/// Sends a keep-alive GET of `path` with the extra header lines `headers` (each ending in CRLF);
-/// the status line and the body.
-async fn get_with<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    conn: &mut S,
-    path: &str,
-    headers: &str,
-) -> (String, String) {
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n{headers}\r\n").as_bytes())
-        .await
-        .expect("send the request");
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 4096];
-    loop {
-        let n = tokio::time::timeout(HANG, conn.read(&mut buf))
-            .await
-            .expect("an answer")
-            .unwrap_or(0);
-        got.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&got).into_owned();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                })
-                .unwrap_or(0);
-            if body.len() >= length || n == 0 {
-                let status = head.lines().next().unwrap_or("").to_string();
-                return (status, body.to_string());
-            }
-        }
-        assert!(n > 0, "closed before a complete answer: {text:?}");
     }
 }
 
@@ -301,14 +264,14 @@ fn valid_credentials_allowed_nothing_stay_in_the_small_budget() {
         for from in ["127.0.0.6", "127.0.0.7"] {
             for _ in 0..2 {
                 let mut tls = tls_from(e, from, Some(&worker)).await;
-                let (line, body) = get_with(&mut tls, "/healthz", "").await;
+                let (line, body) = support::raw_http::get(&mut tls, "/healthz").await;
                 assert_eq!(line, "HTTP/1.1 403 Forbidden", "{body}");
                 held.push(tls);
             }
         }
         // ... which a third address does not escape.
         let mut fifth = tls_from(e, "127.0.0.8", Some(&worker)).await;
-        let (line, body) = get_with(&mut fifth, "/healthz", "").await;
+        let (line, body) = support::raw_http::get(&mut fifth, "/healthz").await;
         assert_eq!(line, "HTTP/1.1 503 Service Unavailable", "{body}");
         assert_eq!(
             status_of(&body).2,
@@ -317,12 +280,12 @@ fn valid_credentials_allowed_nothing_stay_in_the_small_budget() {
         // Its head is the small one: a 20 KiB header is refused, where the apiserver's is read.
         let big = format!("X-Big: {}\r\n", "x".repeat(20 * 1024));
         let mut apiserver = tls_from(e, "127.0.0.1", Some(&admin)).await;
-        let (line, body) = get_with(&mut apiserver, "/healthz", &big).await;
+        let (line, body) = support::raw_http::get_with(&mut apiserver, "/healthz", &big).await;
         assert_eq!(line, "HTTP/1.1 200 OK", "{body}");
         drop(held);
         let mut tls = loop {
             let mut tls = tls_from(e, "127.0.0.8", Some(&worker)).await;
-            let (line, _) = get_with(&mut tls, "/healthz", "").await;
+            let (line, _) = support::raw_http::get(&mut tls, "/healthz").await;
             if line == "HTTP/1.1 403 Forbidden" {
                 break tls;
             }
@@ -358,12 +321,12 @@ fn valid_credentials_allowed_nothing_stay_in_the_small_budget() {
         for i in 0..12 {
             let mut tls = tls_from(e, "127.0.0.10", None).await;
             let (line, body) =
-                get_with(&mut tls, "/healthz", "Authorization: Bearer prober-token\r\n").await;
+                support::raw_http::get_with(&mut tls, "/healthz", "Authorization: Bearer prober-token\r\n").await;
             assert_eq!(line, "HTTP/1.1 200 OK", "prober connection {i}: {body}");
             probers.push(tls);
         }
         // The apiserver is served meanwhile.
-        let (line, _) = get_with(
+        let (line, _) = support::raw_http::get_with(
             &mut apiserver,
             "/containerLogs/default/demo-1/main?tailLines=1",
             "",

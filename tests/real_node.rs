@@ -76,25 +76,13 @@ fn every_streaming_call_reaches_a_real_container() {
 }
 
 /// The container's own processes answer: exec sees the container's root file system (busybox,
-/// not this machine's), its hostname is the pod's name, and its network is the pod's own.
+/// not this machine's) and its hostname is the pod's name.
 #[test]
 fn exec_runs_in_the_container_not_on_this_machine() {
     let w = world();
     let _up = KUBELET_UP.read().unwrap_or_else(|e| e.into_inner());
     let k = kubectl("1.35");
-    let out = Run::new(
-        &k,
-        w.root_kubeconfig(),
-        &[
-            "exec",
-            "box",
-            "--",
-            "sh",
-            "-c",
-            "hostname; readlink /bin/sh; ls /",
-        ],
-    )
-    .output();
+    let out = sh_in_box(w, &k, "hostname; readlink /bin/sh; ls /");
     assert!(out.status.success(), "{}", describe(&k, &out));
     let stdout = text(&out.stdout);
     let mut lines = stdout.lines();
@@ -114,13 +102,18 @@ fn a_command_killed_in_the_container_does_not_read_as_success() {
     let w = world();
     let _up = KUBELET_UP.read().unwrap_or_else(|e| e.into_inner());
     let k = kubectl("1.35");
-    let out = Run::new(
-        &k,
-        w.root_kubeconfig(),
-        &["exec", "box", "--", "sh", "-c", "kill -9 $$"],
-    )
-    .output();
+    let out = sh_in_box(w, &k, "kill -9 $$");
     assert_eq!(out.status.code(), Some(137), "{}", describe(&k, &out));
+}
+
+/// `kubectl exec box -- sh -c <script>` through the root, to its end.
+fn sh_in_box(w: &World, k: &Kubectl, script: &str) -> std::process::Output {
+    Run::new(
+        k,
+        w.root_kubeconfig(),
+        &["exec", "box", "--", "sh", "-c", script],
+    )
+    .output()
 }
 
 /// Starts `kubectl exec <pod> -- sh -c 'echo started; exec sleep 300'` through the root and
@@ -200,7 +193,7 @@ fn sessions_cut_by_the_container_or_the_kubelet_fail_in_kubectl() {
     // Back: a new session works.
     let mut ok = false;
     for _ in 0..100 {
-        let out = Run::new(&k, w.root_kubeconfig(), &["exec", "box", "--", "true"]).output();
+        let out = sh_in_box(w, &k, "true");
         if out.status.success() {
             ok = true;
             break;

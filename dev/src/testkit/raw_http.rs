@@ -11,7 +11,16 @@ const HANG: Duration = Duration::from_secs(60);
 /// Sends a keep-alive GET of `path` on `conn`; the status line and the body (read to its
 /// Content-Length, or to the server's close).
 pub async fn get<S: AsyncRead + AsyncWrite + Unpin>(conn: &mut S, path: &str) -> (String, String) {
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n\r\n").as_bytes())
+    get_with(conn, path, "").await
+}
+
+/// [`get`] with the extra header lines `headers` (each ending in CRLF).
+pub async fn get_with<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut S,
+    path: &str,
+    headers: &str,
+) -> (String, String) {
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n{headers}\r\n").as_bytes())
         .await
         .expect("send the request");
     let mut got = Vec::new();
