@@ -8,7 +8,7 @@
 
 use relaylet_dev::testkit as support;
 use relaylet_dev::testkit::realk8s::harness::K8s;
-use relaylet_dev::testkit::realk8s::world;
+use relaylet_dev::testkit::realk8s::{pods, world};
 
 use std::process::Stdio;
 use std::sync::OnceLock;
@@ -452,7 +452,7 @@ fn a_leaf_pod_that_is_not_the_counterpart_is_refused() {
     let leaf = w.leaf("leaf-2");
     leaf.kubectl_stdin_ok(
         &["create", "-f", "-"],
-        Some(&world::demo_pod(
+        Some(&pods::demo_pod(
             "default",
             "impostor",
             &world::leaf_node("leaf-2"),
@@ -461,7 +461,7 @@ fn a_leaf_pod_that_is_not_the_counterpart_is_refused() {
     );
     w.root.kubectl_stdin_ok(
         &["create", "-f", "-"],
-        Some(&world::demo_pod(
+        Some(&pods::demo_pod(
             "default",
             "impostor",
             &world::virtual_node("leaf-2"),
@@ -542,7 +542,7 @@ fn kube_rs_exec_through_the_real_root() {
 
 /// A shell spinning on a CPU; logs one `tick` first (what `sync_pod_from` waits for).
 fn spinner(namespace: &str, name: &str, node: &str, root_uid: Option<&str>) -> String {
-    world::pod_manifest(
+    pods::pod_manifest(
         namespace,
         name,
         node,

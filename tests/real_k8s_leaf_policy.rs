@@ -12,7 +12,7 @@
 
 use relaylet_dev::testkit as support;
 use relaylet_dev::testkit::realk8s::harness::{self, K8s};
-use relaylet_dev::testkit::realk8s::world;
+use relaylet_dev::testkit::realk8s::{pods, world};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -171,7 +171,7 @@ enum Form {
 /// A pod of the tenant's in the mapped leaf namespace, running the demo container with env POD
 /// = [`PLANTED`]; on the leaf node unless `unbound`, and with the marker in `form` if given.
 fn tenant_pod(name: &str, marker: Option<(Form, &str)>, unbound: bool) -> String {
-    let manifest = world::demo_pod(NS, name, &world::leaf_node(LEAF), None);
+    let manifest = pods::demo_pod(NS, name, &world::leaf_node(LEAF), None);
     let mut pod: serde_json::Value = serde_json::from_str(&manifest).expect("pod json");
     pod["spec"]["containers"][0]["env"][0]["value"] = PLANTED.into();
     if unbound && let Some(spec) = pod["spec"].as_object_mut() {

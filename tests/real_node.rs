@@ -12,7 +12,7 @@ use std::time::Duration;
 use relaylet_dev::testkit as support;
 use relaylet_sim::tools::Kubectl;
 use support::realk8s::harness::K8s;
-use support::realk8s::real_node::busybox_pod;
+use support::realk8s::pods::busybox_pod;
 use support::realk8s::websocket_calls;
 use support::realk8s::world::{Setup, World};
 use support::{Run, describe, text};

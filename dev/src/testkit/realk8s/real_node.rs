@@ -534,33 +534,3 @@ fn ctr(sock: &Path, args: &[&str]) -> Result<String, String> {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
-
-/// A pod in a real container that behaves as the demo pod does for the suites' checks
-/// (`world::demo_pod`): logs `tick N` every second, answers `got <line>` for each line on its
-/// stdin (attach), and serves `hello from <namespace>/<name>` on port 8080 (port-forward), with
-/// busybox's sh, httpd and tar (exec, cp). `root_uid` marks a leaf copy.
-pub fn busybox_pod(namespace: &str, name: &str, node: &str, root_uid: Option<&str>) -> String {
-    let script = "mkdir -p /tmp/www && echo \"hello from $POD\" > /tmp/www/index.html \
-        && httpd -p 8080 -h /tmp/www; \
-        i=0; while true; do echo \"tick $i\"; i=$((i+1)); \
-        if read -t 1 line; then echo \"got $line\"; fi; done";
-    let manifest = super::world::pod_manifest(
-        namespace,
-        name,
-        node,
-        root_uid,
-        serde_json::json!({
-            "name": "main",
-            "image": BUSYBOX_IMAGE,
-            "imagePullPolicy": "Never",
-            "command": ["sh", "-c", script],
-            "env": [{"name": "POD", "value": format!("{namespace}/{name}")}],
-            "ports": [{"containerPort": 8080}],
-            "stdin": true,
-        }),
-    );
-    let mut pod: serde_json::Value = serde_json::from_str(&manifest).expect("a pod manifest");
-    // The leaf runs no controller-manager, so no ServiceAccount token to mount.
-    pod["spec"]["automountServiceAccountToken"] = false.into();
-    pod.to_string()
-}

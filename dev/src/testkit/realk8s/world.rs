@@ -489,7 +489,7 @@ impl World {
     /// container serves HTTP on port 8080 (its local port in PORT_8080), logs a line a second
     /// and answers each line on its stdin with `got <line>`.
     pub fn sync_pod(&self, leaf: &str, namespace: &str, name: &str) {
-        self.sync_pod_from(leaf, namespace, name, demo_pod);
+        self.sync_pod_from(leaf, namespace, name, super::pods::demo_pod);
     }
 
     /// [`sync_pod`](Self::sync_pod) with another manifest: `manifest(namespace, name, node,
@@ -576,58 +576,6 @@ impl World {
             .running
             .addr
     }
-}
-
-/// The demo pod's manifest; `root_uid` marks a leaf copy.
-pub fn demo_pod(namespace: &str, name: &str, node: &str, root_uid: Option<&str>) -> String {
-    let app = "import http.server, os, sys, time, threading\n\
-class H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        body = b'hello from ' + os.environ.get('POD', '?').encode() + b'\\n'\n        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)\n    def log_message(self, *a): pass\n\
-s = http.server.ThreadingHTTPServer(('127.0.0.1', int(os.environ.get('PORT_8080', '0'))), H)\n\
-threading.Thread(target=s.serve_forever, daemon=True).start()\n\
-def echo():\n    for line in sys.stdin:\n        print('got ' + line.strip(), flush=True)\n\
-threading.Thread(target=echo, daemon=True).start()\n\
-n = 0\nwhile True:\n    print('tick %d' % n, flush=True); n += 1; time.sleep(1)\n";
-    pod_manifest(
-        namespace,
-        name,
-        node,
-        root_uid,
-        serde_json::json!({
-            "name": "main", "image": "local/python:3",
-            "command": ["python3", "-u", "-c", app],
-            "env": [{"name": "POD", "value": format!("{namespace}/{name}")}],
-            "ports": [{"containerPort": 8080}],
-            "stdin": true,
-        }),
-    )
-}
-
-/// A pod bound to `node` with one container; `root_uid` marks a leaf copy with the syncer's
-/// marker (`counterpart::ROOT_UID_MARKER`).
-pub fn pod_manifest(
-    namespace: &str,
-    name: &str,
-    node: &str,
-    root_uid: Option<&str>,
-    container: serde_json::Value,
-) -> String {
-    let mut annotations = serde_json::Map::new();
-    if let Some(uid) = root_uid {
-        annotations.insert(
-            relaylet::model::counterpart::ROOT_UID_MARKER.into(),
-            uid.into(),
-        );
-    }
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-        "spec": {
-            "nodeName": node,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [container],
-        },
-    })
-    .to_string()
 }
 
 /// Gives relaylet access to `leaf` as the README says: deploy/leaf-rbac.yaml in the leaf, a
