@@ -147,11 +147,22 @@ impl Leftovers {
     }
 }
 
+/// Where a node's pods live on the network.
+pub enum Pods {
+    /// 10.88.0.0/16, reachable only inside the node's namespace: pods that only the kubelet
+    /// reaches (a leaf's pods, whose traffic comes through the kubelet's streaming server).
+    Private,
+    /// This range, reachable from this machine as a pod network is from its control plane,
+    /// and the cluster's `kubernetes` Service forwarded to the apiserver: pods that serve the
+    /// apiserver and call it (relaylet's own).
+    Routed(String),
+}
+
 impl RealNode {
     /// Starts containerd and a kubelet for `plane` as node `name`, in a new namespace
-    /// `netns` whose host end `plane`'s apiserver serves on (`Options::also_serve_on`); waits
-    /// until the node is Ready.
-    pub fn start(plane: &mut ControlPlane, name: &str, netns: Netns) -> RealNode {
+    /// `netns` whose host end `plane`'s apiserver serves on (`Options::also_serve_on`), with
+    /// its pods on `pods`; waits until the node is Ready.
+    pub fn start(plane: &mut ControlPlane, name: &str, netns: Netns, pods: Pods) -> RealNode {
         let (_, parts) = built();
         let dir = plane.dir.join(name);
         std::fs::create_dir_all(&dir).expect("node dir");
@@ -215,6 +226,23 @@ impl RealNode {
             all
         };
 
+        let pod_cidr = match &pods {
+            Pods::Private => "10.88.0.0/16".to_string(),
+            Pods::Routed(cidr) => {
+                netns.route_pods(cidr);
+                let port = plane
+                    .url
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .expect("the apiserver URL has a port");
+                netns.forward_service(
+                    (super::harness::SERVICE_IP, 443),
+                    std::net::SocketAddr::new(netns.host_ip, port),
+                );
+                cidr.clone()
+            }
+        };
         // containerd: its own root, state and socket under the node's directory.
         let sock = dir.join("containerd.sock");
         let cni_dir = dir.join("cni");
@@ -232,7 +260,7 @@ impl RealNode {
                     "ipMasq": false,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{ "subnet": "10.88.0.0/16" }]],
+                        "ranges": [[{ "subnet": pod_cidr }]],
                         "dataDir": dir.join("cni-ipam").display().to_string(),
                     },
                 }],
@@ -436,6 +464,16 @@ state = "{state}"
             &mut [&mut kubelet],
             || self._netns.can_dial(&ip, KUBELET_PORT),
         );
+    }
+
+    /// Imports an image archive (docker-archive or OCI) into the node's containerd, where
+    /// pods with `imagePullPolicy: Never` find it.
+    pub fn import_image(&self, archive: &Path) {
+        ctr(
+            &self.dir.join("containerd.sock"),
+            &["images", "import", &archive.display().to_string()],
+        )
+        .unwrap_or_else(|err| panic!("importing {}: {err}", archive.display()));
     }
 
     /// The containerd version the node runs (`ctr version`'s server line).
