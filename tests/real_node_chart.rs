@@ -428,7 +428,7 @@ fn deleting_pods_and_a_rolling_update_keep_sessions_and_nodes_ready() {
         "--namespace".into(),
         RELAYLET_NAMESPACE.into(),
         "--reuse-values".into(),
-        "--set".into(),
+        "--set-string".into(),
         "podAnnotations.relaylet\\.test/rollout=2".into(),
     ]);
     w.wait_for_rollout();

@@ -25,20 +25,20 @@ impl Netns {
     /// Creates `rlt<pid>` (the process's first) or `rlt<pid>n<k>` with a /30 from
     /// 198.18.0.0/15 (set aside for benchmarking networks, RFC 2544, so never a real host's),
     /// picked from the pid and `k` so that concurrent test processes do not collide; at most
-    /// four per process.
+    /// eight per process.
     pub fn create() -> Netns {
         static CREATED: AtomicU32 = AtomicU32::new(0);
         remove_stale();
         let pid = std::process::id();
         let k = CREATED.fetch_add(1, Ordering::Relaxed);
-        assert!(k < 4, "at most four network namespaces per test process");
+        assert!(k < 8, "at most eight network namespaces per test process");
         let name = if k == 0 {
             format!("rlt{pid}")
         } else {
             format!("rlt{pid}n{k}")
         };
-        // 32,768 /30s in 198.18.0.0/15: four per pid modulo 8,192.
-        let index = (pid % 8192) * 4 + k;
+        // 32,768 /30s in 198.18.0.0/15: eight per pid modulo 4,096.
+        let index = (pid % 4096) * 8 + k;
         let base = u32::from(std::net::Ipv4Addr::new(198, 18, 0, 0)) + index * 4;
         let host_ip = IpAddr::from(std::net::Ipv4Addr::from(base + 1));
         let ns_ip = IpAddr::from(std::net::Ipv4Addr::from(base + 2));

@@ -171,6 +171,7 @@ impl RealNode {
             std::fs::write(&path, text).expect("writing a node file");
             path
         };
+        remove_stale_nodes();
         let tag = format!("{}-{}", std::process::id(), netns.ns_ip).replace(['.', ':'], "-");
         let cgroup_root = format!("/relaylet-node-{tag}");
         make_cgroup(&cgroup_root);
@@ -261,6 +262,9 @@ impl RealNode {
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{ "subnet": pod_cidr }]],
+                        // A default route through the bridge: pods reach the namespace's
+                        // veth (and, routed, this machine) through their gateway.
+                        "routes": [{ "dst": "0.0.0.0/0" }],
                         "dataDir": dir.join("cni-ipam").display().to_string(),
                     },
                 }],
@@ -494,6 +498,29 @@ impl Drop for RealNode {
         self.leftovers.remove();
         self.containerd.kill();
         self.holder.kill();
+    }
+}
+
+/// Removes what nodes of test processes that are gone left (a test killed before its exit
+/// handlers ran): their pods' processes and their cgroups, `relaylet-node-<pid>-...`.
+fn remove_stale_nodes() {
+    let stale = hierarchies(false)
+        .into_iter()
+        .flat_map(|h| std::fs::read_dir(h).into_iter().flatten().flatten())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|name| {
+            name.strip_prefix("relaylet-node-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .collect::<std::collections::BTreeSet<_>>();
+    for name in stale {
+        Leftovers {
+            cgroup_root: format!("/{name}"),
+            mount_ns: None,
+        }
+        .remove();
     }
 }
 
