@@ -37,6 +37,8 @@ pub struct App {
     /// Requests served, for tests that assert what a client cost the apiserver (the real one
     /// counts them in `apiserver_request_total`).
     pub requests: Requests,
+    /// Watches open now, by path.
+    pub open_watches: watch::OpenWatches,
 }
 
 /// How many requests the server was sent, by method and path. Cheap to clone.
@@ -253,7 +255,8 @@ async fn resource(
         "list" => list(&app.store, &target, &query, render),
         "watch" => {
             let watch = watch_request(&target, &query, render)?;
-            let body = watch::serve(app.store.clone(), watch, stop);
+            let path = req.uri().path().to_string();
+            let body = watch::serve(app.store.clone(), watch, stop, &app.open_watches, &path);
             Ok((
                 StatusCode::OK,
                 [(http::header::CONTENT_TYPE, "application/json")],

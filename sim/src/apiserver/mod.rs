@@ -114,6 +114,7 @@ pub struct ApiServer {
     store: Store,
     served: Served,
     requests: api::Requests,
+    open_watches: watch::OpenWatches,
 }
 
 /// Namespaces kube-apiserver creates at start.
@@ -145,6 +146,7 @@ impl ApiServer {
             source,
         })?;
         let requests = api::Requests::default();
+        let open_watches = watch::OpenWatches::default();
         let app = Arc::new(api::App {
             store: store.clone(),
             policy: cfg.policy,
@@ -152,6 +154,7 @@ impl ApiServer {
             kubelet: cfg.kubelet,
             server_address: addr.to_string(),
             requests: requests.clone(),
+            open_watches: open_watches.clone(),
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);
         let served = crate::serve::serve_tls(listener, tls, router);
@@ -163,6 +166,7 @@ impl ApiServer {
             store,
             served,
             requests,
+            open_watches,
         })
     }
 
@@ -170,6 +174,12 @@ impl ApiServer {
     /// `prefix`.
     pub fn requests(&self, method: &str, prefix: &str) -> u64 {
         self.requests.matching(method, prefix)
+    }
+
+    /// Watches open now whose path starts with `prefix` (`/api/v1/pods`): each client's
+    /// watch of a kind is one.
+    pub fn open_watches(&self, prefix: &str) -> u64 {
+        self.open_watches.matching(prefix)
     }
 
     /// `https://127.0.0.1:<port>`.
