@@ -1052,7 +1052,11 @@ async fn each_leaf_watched_once(
                 .zip(&watches)
                 .zip(baseline)
                 .map(|(((_, node), w), b)| {
-                    (node.clone(), w.0 as i64 - b.0 as i64, w.1 as i64 - b.1 as i64)
+                    (
+                        node.clone(),
+                        w.0 as i64 - b.0 as i64,
+                        w.1 as i64 - b.1 as i64,
+                    )
                 })
                 .collect();
             let served: BTreeMap<&str, f64> = replicas
@@ -1169,8 +1173,7 @@ async fn each_leaf_is_watched_only_by_the_replica_that_serves_its_node() {
         let owners = tokio::time::timeout(HANG, async {
             loop {
                 let owners =
-                    spread_over(&store, &nodes, &live(&["relaylet-1", "relaylet-2", joiner]))
-                        .await;
+                    spread_over(&store, &nodes, &live(&["relaylet-1", "relaylet-2", joiner])).await;
                 if owners.values().any(|o| o == joiner) {
                     return owners;
                 }

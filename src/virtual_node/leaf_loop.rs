@@ -155,11 +155,12 @@ impl Controller {
                 Some(side) if !side.listed => {
                     // The first round waits a moment for the first listing; later ones only
                     // look.
-                    let wait = if state.probed_at.is_none() && side.started.elapsed() < FIRST_LIST_WAIT {
-                        FIRST_LIST_WAIT
-                    } else {
-                        Duration::ZERO
-                    };
+                    let wait =
+                        if state.probed_at.is_none() && side.started.elapsed() < FIRST_LIST_WAIT {
+                            FIRST_LIST_WAIT
+                        } else {
+                            Duration::ZERO
+                        };
                     side.listed = side.watch.settled_within(wait).await;
                     side.cold()
                 }
@@ -210,7 +211,10 @@ impl Controller {
                 tick.reset_immediately();
                 continue;
             };
-            match self.sync_leaf(&leaf, &side.watch, cold, &mut state, now).await {
+            match self
+                .sync_leaf(&leaf, &side.watch, cold, &mut state, now)
+                .await
+            {
                 Ok(()) => state.refused = None,
                 Err(err @ SyncError::NotOurs { .. }) => {
                     // Said loudly once, not every round; retried in case the other goes.
