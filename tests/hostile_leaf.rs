@@ -621,7 +621,7 @@ fn an_endless_watch_line_costs_a_bounded_amount_and_no_other_leaf_notices() {
         // relaylet or given up by the leaf at its cap (a name served by the sandbox's replica
         // may have ended one too, before it was removed).
         tokio::time::timeout(HANG, async {
-            while !leaf.seen(|s| s.endless.len() >= 1) || !limit_exceeded_at(metrics, &name, "watch_line").await {
+            while leaf.seen(|s| s.endless.is_empty()) || !limit_exceeded_at(metrics, &name, "watch_line").await {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })

@@ -1197,6 +1197,109 @@ async fn each_leaf_is_watched_only_by_the_replica_that_serves_its_node() {
     .expect("test timed out");
 }
 
+/// Issue 39: the replica taking a Node over starts watching its leaf only then. When the leaf
+/// cannot be listed yet (its lists stall; `/readyz` answers), the new replica writes the Node's
+/// address and kubelet port and leaves the Ready condition and capacity the crashed replica
+/// wrote: never NotReady or zero capacity from a cache that has not listed. Only when the leaf
+/// still cannot be listed after the grace does the Node say so, and it recovers when the leaf
+/// lists again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_before_the_leaf_lists_keeps_the_node_ready_and_its_capacity() {
+    tokio::time::timeout(Duration::from_secs(300), async {
+        let root = root_cluster(None).await;
+        let store = root.api.store().clone();
+        let leaf = leaf_with_node().await;
+        let ips: BTreeMap<&str, &str> =
+            BTreeMap::from([("relaylet-0", "127.0.0.1"), ("relaylet-1", "127.0.0.2")]);
+        let port = free_port();
+        let mut replicas: BTreeMap<&str, Replica> = BTreeMap::new();
+        for (name, ip) in &ips {
+            replicas.insert(name, Replica::start(&root, name, ip, port, &[]).await);
+        }
+        store.create_typed(&leaf_secret(&leaf)).expect("secret");
+        // Settled: the Node Ready with the leaf's capacity, written by its replica, which
+        // alone watches the leaf (the Node may move once while the replicas count each other).
+        let (writer, cpu) = wait_for(
+            "the Node Ready, its leaf watched by its writer alone",
+            || {
+                let node = node_of(&store)?;
+                let writer = served_by(&node);
+                let ip = ips.get(writer.as_str())?;
+                (is_ready(&node) && first_address(&node)?.1 == *ip).then_some(())?;
+                let watching: Vec<f64> = replicas.values().map(leaves_served).collect();
+                (watching.iter().sum::<f64>() == 1.0
+                    && leaves_served(&replicas[writer.as_str()]) == 1.0
+                    && leaf_watches(&leaf) == (1, 1))
+                    .then_some(())?;
+                Some((writer, allocatable(&node, "cpu")?))
+            },
+        )
+        .await;
+        assert_eq!(cpu, "4");
+        let other = *ips
+            .keys()
+            .find(|n| **n != writer)
+            .expect("the other replica");
+        let other_port = replicas[other]
+            .running
+            .node_ports
+            .addr_of(NODE)
+            .expect("the other replica's port for the node")
+            .port();
+
+        // The leaf stops answering lists; the writer crashes.
+        leaf.api.stall_lists(true);
+        let crashed = store.revision();
+        replicas
+            .remove(writer.as_str())
+            .expect("the writer")
+            .crash();
+        let taken = wait_for("the other replica writes the Node", || {
+            let node = node_of(&store)?;
+            let endpoint = node.status.as_ref()?.daemon_endpoints.as_ref()?;
+            let written_port = endpoint.kubelet_endpoint.as_ref()?.port;
+            (served_by(&node) == other
+                && first_address(&node)?.1 == ips[other]
+                && written_port == i32::from(other_port))
+            .then_some(node)
+        })
+        .await;
+        assert!(is_ready(&taken), "{:?}", taken.status);
+        assert_eq!(allocatable(&taken, "cpu").as_deref(), Some("4"));
+        assert_eq!(
+            not_ready_writes_since(&store, crashed),
+            Vec::<String>::new(),
+            "the Node went NotReady on the takeover"
+        );
+        // Still not listed after the grace: the Node says so.
+        let said = wait_for("the Node says the leaf cannot be listed", || {
+            let node = node_of(&store)?;
+            (ready(&node)? == ("False".to_string(), "LeafUnreachable".to_string())).then_some(node)
+        })
+        .await;
+        let message = said
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .and_then(|c| c.message)
+            .unwrap_or_default();
+        assert!(message.contains("not listed"), "{message}");
+
+        // Lists answer again: Ready with the leaf's capacity.
+        leaf.api.stall_lists(false);
+        wait_for("the Node Ready again", || {
+            let node = node_of(&store)?;
+            (is_ready(&node) && allocatable(&node, "cpu")? == "4").then_some(())
+        })
+        .await;
+        drop(replicas);
+    })
+    .await
+    .expect("test timed out");
+}
+
 /// A leaf whose node `a` has a real kubelet stand-in running pod `default/work`, which the
 /// root shows on the leaf's virtual node (as a multi-cluster scheduler would).
 async fn leaf_with_pod(root: &Cluster) -> Cluster {

@@ -115,6 +115,7 @@ pub struct ApiServer {
     served: Served,
     requests: api::Requests,
     open_watches: watch::OpenWatches,
+    stall_lists: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Namespaces kube-apiserver creates at start.
@@ -147,6 +148,7 @@ impl ApiServer {
         })?;
         let requests = api::Requests::default();
         let open_watches = watch::OpenWatches::default();
+        let stall_lists = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let app = Arc::new(api::App {
             store: store.clone(),
             policy: cfg.policy,
@@ -155,6 +157,7 @@ impl ApiServer {
             server_address: addr.to_string(),
             requests: requests.clone(),
             open_watches: open_watches.clone(),
+            stall_lists: stall_lists.clone(),
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);
         let served = crate::serve::serve_tls(listener, tls, router);
@@ -167,6 +170,7 @@ impl ApiServer {
             served,
             requests,
             open_watches,
+            stall_lists,
         })
     }
 
@@ -180,6 +184,13 @@ impl ApiServer {
     /// watch of a kind is one.
     pub fn open_watches(&self, prefix: &str) -> u64 {
         self.open_watches.matching(prefix)
+    }
+
+    /// While `on`, lists do not answer (a leaf too slow to list; they answer once it is
+    /// off); gets, watches and `/readyz` work.
+    pub fn stall_lists(&self, on: bool) {
+        self.stall_lists
+            .store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// `https://127.0.0.1:<port>`.
