@@ -517,22 +517,7 @@ impl ControlPlane {
     /// Starts kube-scheduler (`binary`, of this plane's version) with the identity kubeadm
     /// gives it (`system:kube-scheduler`, bound by the bootstrap RBAC).
     pub fn start_scheduler(&mut self, binary: &Path) {
-        let cert = self
-            .ca
-            .issue_client("system:kube-scheduler", &[])
-            .expect("scheduler certificate");
-        let path = self.dir.join("scheduler.kubeconfig");
-        std::fs::write(
-            &path,
-            kubeconfig(
-                &self.name,
-                &self.url,
-                &self.ca.cert_pem(),
-                &cert.cert_pem,
-                &cert.key_pem,
-            ),
-        )
-        .expect("scheduler kubeconfig");
+        let path = self.user_kubeconfig("system:kube-scheduler", &[]);
         let kubeconfig = path.display();
         self.scheduler = Some(Process::spawn(
             "kube-scheduler",
