@@ -41,8 +41,8 @@ if ! command -v podman >/dev/null || ! command -v mmdebstrap >/dev/null || ! com
   [ "$(id -u)" = 0 ] || fail "podman, mmdebstrap and runc are needed (apt-get install podman mmdebstrap runc, as root)"
   say "installing podman, mmdebstrap and runc with apt"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq || fail "apt-get update failed: Debian's packages are not reachable"
-  apt-get install -y -qq --no-install-recommends podman mmdebstrap runc uidmap fuse-overlayfs \
+  apt-get -o DPkg::Lock::Timeout=300 update -qq || fail "apt-get update failed: Debian's packages are not reachable"
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends podman mmdebstrap runc uidmap fuse-overlayfs \
     conmon containernetworking-plugins ca-certificates >/dev/null ||
     fail "apt-get install podman mmdebstrap runc failed"
 fi
