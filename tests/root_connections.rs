@@ -162,10 +162,7 @@ fn is_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| {
-            c.iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn ready_nodes(root: &Cluster) -> usize {
@@ -367,23 +364,17 @@ async fn the_pool_spreads_watches_over_connections_within_the_servers_stream_lim
         streams_per_connection: 4,
         connections: 8,
     };
-    let client = relaylet::ops::api_client::build_within(
-        &kube_config(&kubeconfig).await,
-        tcp,
-        None,
-        budget,
-    )
-    .expect("client");
+    let client =
+        relaylet::ops::api_client::build_within(&kube_config(&kubeconfig).await, tcp, None, budget)
+            .expect("client");
     let maps: Api<ConfigMap> = Api::namespaced(client, "default");
     let mut streams = Vec::new();
     for i in 0..WATCHES {
-        let stream = tokio::time::timeout(
-            HANG,
-            maps.watch(&WatchParams::default().timeout(290), "0"),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("watch {i} did not start"))
-        .expect("watch");
+        let stream =
+            tokio::time::timeout(HANG, maps.watch(&WatchParams::default().timeout(290), "0"))
+                .await
+                .unwrap_or_else(|_| panic!("watch {i} did not start"))
+                .expect("watch");
         streams.push(stream.boxed());
     }
     // Ordinary calls while every watch is open.

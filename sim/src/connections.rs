@@ -69,7 +69,12 @@ impl Connections {
     fn sum(&self, key: impl Fn(&(String, Alpn)) -> bool, field: impl Fn(&Count) -> usize) -> usize {
         self.by_peer
             .lock()
-            .map(|map| map.iter().filter(|(k, _)| key(k)).map(|(_, c)| field(c)).sum())
+            .map(|map| {
+                map.iter()
+                    .filter(|(k, _)| key(k))
+                    .map(|(_, c)| field(c))
+                    .sum()
+            })
             .unwrap_or(0)
     }
 }

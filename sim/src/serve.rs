@@ -157,21 +157,22 @@ pub fn serve_tls_with(
                         app.clone().oneshot(req)
                     });
                 let io = TokioIo::new(tls);
-                let served: std::pin::Pin<Box<dyn Future<Output = Result<(), hyper::Error>> + Send>> =
-                    match http {
-                        Http::H2OrHttp1 { max_streams } if alpn == "h2" => Box::pin(
-                            hyper::server::conn::http2::Builder::new(
-                                hyper_util::rt::TokioExecutor::new(),
-                            )
-                            .max_concurrent_streams(max_streams)
-                            .serve_connection(io, service),
-                        ),
-                        _ => Box::pin(
-                            hyper::server::conn::http1::Builder::new()
-                                .serve_connection(io, service)
-                                .with_upgrades(),
-                        ),
-                    };
+                let served: std::pin::Pin<
+                    Box<dyn Future<Output = Result<(), hyper::Error>> + Send>,
+                > = match http {
+                    Http::H2OrHttp1 { max_streams } if alpn == "h2" => Box::pin(
+                        hyper::server::conn::http2::Builder::new(
+                            hyper_util::rt::TokioExecutor::new(),
+                        )
+                        .max_concurrent_streams(max_streams)
+                        .serve_connection(io, service),
+                    ),
+                    _ => Box::pin(
+                        hyper::server::conn::http1::Builder::new()
+                            .serve_connection(io, service)
+                            .with_upgrades(),
+                    ),
+                };
                 tokio::select! {
                     _ = token.cancelled() => {}
                     result = served => {

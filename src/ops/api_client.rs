@@ -97,11 +97,8 @@ where
     D::Future: Send + 'static,
     D::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut https = hyper_timeout::TimeoutConnector::new(https_connector(
-        config,
-        dialer,
-        Alpn::H2OrHttp1,
-    )?);
+    let mut https =
+        hyper_timeout::TimeoutConnector::new(https_connector(config, dialer, Alpn::H2OrHttp1)?);
     https.set_connect_timeout(config.connect_timeout);
     https.set_read_timeout(config.read_timeout);
     https.set_write_timeout(config.write_timeout);
@@ -132,9 +129,10 @@ pub fn https_connector<D>(
     let resolver: Arc<dyn hyper_rustls::ResolveServerName + Send + Sync> =
         match config.tls_server_name.as_deref() {
             Some(name) => {
-                let name = rustls_pki_types::ServerName::try_from(name.to_string()).map_err(
-                    |e| kube::Error::Service(format!("tls-server-name {name:?}: {e}").into()),
-                )?;
+                let name =
+                    rustls_pki_types::ServerName::try_from(name.to_string()).map_err(|e| {
+                        kube::Error::Service(format!("tls-server-name {name:?}: {e}").into())
+                    })?;
                 Arc::new(hyper_rustls::FixedServerNameResolver::new(name))
             }
             None => Arc::new(hyper_rustls::DefaultServerNameResolver::default()),
@@ -199,7 +197,8 @@ pub fn root_from(config: &kube::Config) -> anyhow::Result<Client> {
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     // The root is trusted: its answers are not limited here.
-    build(config, tcp, None, ROOT_CONNECTIONS).map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
+    build(config, tcp, None, ROOT_CONNECTIONS)
+        .map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
 }
 
 #[cfg(test)]
