@@ -3,7 +3,7 @@
 //! apiserver's side (which, like kube-apiserver, offers h2 by ALPN with 100 streams per
 //! connection); its pool spreads watches over more connections when a server allows few streams
 //! per connection; the leaf API client speaks h2 too, and the leaf stream client (exec, the
-//! spare connection) offers HTTP/1.1 only.
+//! spare connection) offers HTTP/1.1 only; a server without h2 gets HTTP/1.1.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -407,4 +407,61 @@ async fn the_pool_spreads_watches_over_connections_within_the_servers_stream_lim
     }
     let open = api.connections().open_with("watcher", "h2");
     assert_eq!(open, WATCHES / 4 + 1, "connections the server sees");
+}
+
+/// Against an apiserver with HTTP/2 turned off (kube-apiserver's `DisableHTTP2` serving
+/// option), the same client falls back to HTTP/1.1: watches and calls work, each watch on a
+/// connection of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_falls_back_to_http1_where_the_server_offers_no_h2() {
+    const WATCHES: usize = 6;
+    let ca = std::sync::Arc::new(relaylet_sim::tls::Ca::new("h1-ca").expect("ca"));
+    let mut config = ApiServerConfig::new("h1", ca);
+    config.disable_http2 = true;
+    let api = ApiServer::start(config).await.expect("apiserver starts");
+    let kubeconfig = api
+        .kubeconfig("watcher", &["system:masters"])
+        .expect("kubeconfig");
+    let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+    tcp.enforce_http(false);
+    let client = relaylet::ops::api_client::build(&kube_config(&kubeconfig).await, tcp, None, 16)
+        .expect("client");
+    let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+    let mut streams = Vec::new();
+    for i in 0..WATCHES {
+        let stream =
+            tokio::time::timeout(HANG, maps.watch(&WatchParams::default().timeout(290), "0"))
+                .await
+                .unwrap_or_else(|_| panic!("watch {i} did not start"))
+                .expect("watch");
+        streams.push(stream.boxed());
+    }
+    let map = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("seen".to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    tokio::time::timeout(HANG, maps.create(&PostParams::default(), &map))
+        .await
+        .expect("create did not complete")
+        .expect("create");
+    for (i, stream) in streams.iter_mut().enumerate() {
+        let event = tokio::time::timeout(HANG, stream.try_next())
+            .await
+            .unwrap_or_else(|_| panic!("watch {i} got no event"))
+            .expect("watch event")
+            .expect("watch open");
+        assert!(
+            matches!(event, WatchEvent::Added(_)),
+            "watch {i}: {event:?}"
+        );
+    }
+    let seen = api.connections().accepted_by("watcher");
+    assert_eq!(seen.get("h2"), None, "{seen:?}");
+    assert!(
+        api.connections().open_with("watcher", "http/1.1") >= WATCHES,
+        "{seen:?}"
+    );
 }

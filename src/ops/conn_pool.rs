@@ -196,3 +196,48 @@ where
         self.body.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper_util::client::legacy::connect::HttpConnector;
+
+    fn pool(streams_per_connection: usize, connections: usize) -> ConnPool<HttpConnector> {
+        let builder = Client::builder(hyper_util::rt::TokioExecutor::new());
+        let budget = Budget {
+            streams_per_connection,
+            connections,
+        };
+        ConnPool::new(builder, HttpConnector::new(), budget)
+    }
+
+    #[test]
+    fn a_connection_is_added_only_when_every_one_carries_its_budget_up_to_the_cap() {
+        let pool = pool(2, 3);
+        let mut guards: Vec<StreamGuard> = (0..2).map(|_| pool.pick().1).collect();
+        assert_eq!(pool.open_streams(), vec![2]);
+        guards.push(pool.pick().1);
+        assert_eq!(pool.open_streams(), vec![2, 1]);
+        guards.extend((0..3).map(|_| pool.pick().1));
+        assert_eq!(pool.open_streams(), vec![2, 2, 2]);
+        // At the cap: the least busy connection takes the next ones.
+        guards.extend((0..2).map(|_| pool.pick().1));
+        assert_eq!(pool.open_streams(), vec![3, 3, 2]);
+        // Answers dropped free their streams, and the next request goes where fewest are open.
+        guards.drain(0..2);
+        assert_eq!(pool.open_streams(), vec![1, 3, 2]);
+        guards.push(pool.pick().1);
+        assert_eq!(pool.open_streams(), vec![2, 3, 2]);
+    }
+
+    #[test]
+    fn over_http1_one_client_takes_every_request() {
+        let pool = pool(1, 4);
+        let first = pool.pick().1;
+        pool.inner.http1.store(true, Ordering::Relaxed);
+        let more: Vec<StreamGuard> = (0..5).map(|_| pool.pick().1).collect();
+        assert_eq!(pool.open_streams(), vec![6]);
+        drop((first, more));
+        assert_eq!(pool.open_streams(), vec![0]);
+    }
+}

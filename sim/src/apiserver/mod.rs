@@ -92,6 +92,8 @@ pub struct ApiServerConfig {
     /// The most concurrent streams a client may open on one HTTP/2 connection
     /// (`--http2-max-streams-per-connection`).
     pub http2_max_streams_per_connection: u32,
+    /// HTTP/1.1 only, h2 not offered by ALPN (kube-apiserver's `DisableHTTP2` serving option).
+    pub disable_http2: bool,
 }
 
 /// kube-apiserver's stream limit per HTTP/2 connection when `--http2-max-streams-per-connection`
@@ -111,6 +113,7 @@ impl ApiServerConfig {
             tokens: Vec::new(),
             kubelet: None,
             http2_max_streams_per_connection: HTTP2_MAX_STREAMS_PER_CONNECTION,
+            disable_http2: false,
         }
     }
 }
@@ -164,8 +167,12 @@ impl ApiServer {
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);
         // Like kube-apiserver: h2 by ALPN, HTTP/1.1 (and its upgrades) to clients that ask for it.
-        let http = crate::serve::Http::H2OrHttp1 {
-            max_streams: cfg.http2_max_streams_per_connection,
+        let http = if cfg.disable_http2 {
+            crate::serve::Http::Http1
+        } else {
+            crate::serve::Http::H2OrHttp1 {
+                max_streams: cfg.http2_max_streams_per_connection,
+            }
         };
         let served = crate::serve::serve_tls_with(listener, tls, router, http);
         tracing::info!(name = %cfg.name, %addr, "API server listening");
