@@ -48,6 +48,12 @@ pub const STREAMS_PER_CONNECTION: usize = 80;
 pub const ROOT_CONNECTIONS: usize = 16;
 /// The most HTTP/2 connections of a leaf's API client (about three watches per leaf).
 pub const LEAF_CONNECTIONS: usize = 2;
+/// HTTP/2 flow-control windows: how much a server may send on one stream, and on one
+/// connection, before relaylet has read it. hyper's defaults (2 MiB and 5 MiB) would let a leaf
+/// park 5 MiB per connection in relaylet's memory; every answer is read as it comes, so small
+/// windows cost nothing but bound that (the HTTP/1.1 counterpart is `MAX_READ_BUFFER`).
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
 /// HTTP/2 PINGs on a quiet connection: a dead peer is found, and a healthy quiet connection is
 /// not taken for dead by the read timeout.
 const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
@@ -109,6 +115,8 @@ where
         .timer(hyper_util::rt::TokioTimer::new())
         .http1_max_buf_size(MAX_READ_BUFFER)
         .pool_max_idle_per_host(MAX_IDLE_PER_HOST)
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+        .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
         .http2_keep_alive_interval(H2_KEEP_ALIVE)
         .http2_keep_alive_while_idle(true);
     over(config, ConnPool::new(builder, https, budget), limits)
