@@ -8,8 +8,10 @@
 //! credentials (which stays allowed), answering just what relaylet asks of a leaf (`/readyz`,
 //! `/version`, node and pod lists, paginated by `limit`/`continue`, and watches) in the way each
 //! test needs. Memory is measured on a relaylet process of its own (the shipped binary) that
-//! joins the sandbox's install: every replica watches every leaf, so it carries the hostile
-//! leaves as the sandbox's in-process replica does, and its peak resident memory is its own.
+//! joins the sandbox's install: a leaf is watched only by the replica serving its Node, so the
+//! hostile leaf is registered under names until one is served by the process (the others are
+//! removed), and the process's peak resident memory is its own. Tests that add leaves run one
+//! at a time ([`MEASURED`]), so the replicas a leaf may go to are known.
 //!
 //! Each test waits for an event (the Node saying why, a connection cut, a refusal), never for
 //! a time, and the deadlines only turn a hang into a failure.
@@ -50,7 +52,8 @@ const ENDLESS_CAP: u64 = 192 * 1024 * 1024;
 /// relaylet's memory may grow by less than this while a hostile leaf does its worst.
 const MEMORY_BUDGET_KIB: u64 = 64 * 1024;
 
-/// The memory tests start relaylet processes and measure them: one at a time.
+/// The memory tests start relaylet processes and measure them, and the others must know who
+/// watches their leaves (the sandbox's replica, when no process runs): one at a time.
 static MEASURED: Mutex<()> = Mutex::new(());
 
 fn env() -> &'static Env {
@@ -406,12 +409,18 @@ async fn node_says(e: &Env, leaf: &str, reason: &str, says: &str) -> Node {
 }
 
 /// Whether the sandbox relaylet counts `metric` with `labels` at least once within [`HANG`]. Its
-/// count may come after what the test waited for: a measured process, the other replica
-/// watching every leaf, may write the Node condition or the Event first.
+/// count may come after what the test waited for: a measured process, the other replica, may
+/// write the Event first.
 async fn counted(e: &Env, metric: &str, labels: &[(&str, &str)]) -> bool {
+    counted_at(e.sandbox.relaylet.metrics_addr, metric, labels).await
+}
+
+/// Whether the relaylet whose operations port is `at` counts `metric` with `labels` at least
+/// once within [`HANG`].
+async fn counted_at(at: SocketAddr, metric: &str, labels: &[(&str, &str)]) -> bool {
     tokio::time::timeout(HANG, async {
         loop {
-            let got = support::metrics::http_get(e.sandbox.relaylet.metrics_addr, "/metrics").await;
+            let got = support::metrics::http_get(at, "/metrics").await;
             if support::metrics::count(&support::metrics::parse(&got.body), metric, labels) >= 1.0 {
                 return;
             }
@@ -424,12 +433,54 @@ async fn counted(e: &Env, metric: &str, labels: &[(&str, &str)]) -> bool {
 
 /// Whether the sandbox relaylet counts `leaf` past `limit` (`relaylet_leaf_limit_exceeded_total`).
 async fn limit_exceeded(e: &Env, leaf: &str, limit: &str) -> bool {
-    counted(
-        e,
+    limit_exceeded_at(e.sandbox.relaylet.metrics_addr, leaf, limit).await
+}
+
+/// [`limit_exceeded`] on the relaylet whose operations port is `at`.
+async fn limit_exceeded_at(at: SocketAddr, leaf: &str, limit: &str) -> bool {
+    counted_at(
+        at,
         "relaylet_leaf_limit_exceeded_total",
         &[("leaf", leaf), ("limit", limit)],
     )
     .await
+}
+
+/// The replica leaf `leaf`'s Node names as its writer, once it names one.
+async fn served_by(e: &Env, leaf: &str) -> String {
+    tokio::time::timeout(HANG, async {
+        loop {
+            let writer = virtual_node(e, leaf).await.and_then(|node| {
+                node.metadata
+                    .annotations?
+                    .get("relaylet.io/served-by")
+                    .filter(|w| !w.is_empty())
+                    .cloned()
+            });
+            if let Some(writer) = writer {
+                return writer;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the Node of leaf {leaf} names no writer within {HANG:?}"))
+}
+
+/// Registers the leaf at `server` as `<base>-<i>` for the first `i` whose Node replica
+/// `process` (a measured process's pod name) serves, so that process watches it (a leaf is
+/// watched only by its Node's replica); the names served by the sandbox's replica are removed
+/// again. The leaf's name.
+async fn add_leaf_served_by(e: &Env, base: &str, server: &str, process: &str) -> String {
+    for i in 0..16 {
+        let leaf = format!("{base}-{i}");
+        add_leaf(e, &leaf, server, None).await;
+        if served_by(e, &leaf).await == process {
+            return leaf;
+        }
+        remove_leaf(e, &leaf).await;
+    }
+    panic!("none of 16 names of leaf {base} was assigned to {process}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -495,8 +546,10 @@ async fn exchange(
     String::from_utf8_lossy(&got).into_owned()
 }
 
-/// Starts relaylet as its own process in the sandbox's install and waits until it serves.
-async fn measured_process(e: &Env, name: &str) -> support::process::RelayletProcess {
+/// Starts relaylet as its own process in the sandbox's install and waits until it serves; its
+/// operations port too.
+async fn measured_process(e: &Env, name: &str) -> (support::process::RelayletProcess, SocketAddr) {
+    let metrics = relaylet_sim::ports::free_loopback_port().expect("a free port");
     let process = support::process::RelayletProcess::start(
         e,
         std::path::Path::new(env!("CARGO_BIN_EXE_relaylet")),
@@ -505,6 +558,7 @@ async fn measured_process(e: &Env, name: &str) -> support::process::RelayletProc
             ("LEAF_MAX_PODS", MAX_PODS.to_string()),
             ("LEAF_MAX_NODES", MAX_NODES.to_string()),
             ("RUST_LOG", "error".to_string()),
+            ("METRICS_ADDR", metrics.to_string()),
         ],
     );
     let admin = e.kubelet_client_identity();
@@ -520,7 +574,12 @@ async fn measured_process(e: &Env, name: &str) -> support::process::RelayletProc
     })
     .await
     .expect("the relaylet process serves");
-    process
+    // And counts as a replica: it serves one of the sandbox's Nodes.
+    assert!(
+        counted_at(metrics, "relaylet_virtual_nodes_served", &[]).await,
+        "the relaylet process serves no Node"
+    );
+    (process, metrics)
 }
 
 /// An exec through `to` into `demo-1` (leaf-1) answers.
@@ -546,7 +605,7 @@ fn an_endless_watch_line_costs_a_bounded_amount_and_no_other_leaf_notices() {
     let _one_at_a_time = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
     let e = env();
     RT.block_on(async {
-        let process = measured_process(e, "relaylet-endless").await;
+        let (process, metrics) = measured_process(e, "relaylet-endless").await;
         let pid = process.child.id();
         let leaf = FakeLeaf::start(Behaviour {
             nodes: 1,
@@ -556,17 +615,18 @@ fn an_endless_watch_line_costs_a_bounded_amount_and_no_other_leaf_notices() {
         })
         .await;
         let idle = reset_peak(pid);
-        add_leaf(e, "endless", &leaf.url, None).await;
+        let name = add_leaf_served_by(e, "endless", &leaf.url, "relaylet-endless").await;
 
-        // Both replicas (the sandbox's and the process) watch the leaf's pods: wait until two
-        // endless watches have ended, cut by relaylet or given up by the leaf at its cap.
+        // The process watches the leaf's pods: wait until its endless watch has ended, cut by
+        // relaylet or given up by the leaf at its cap (a name served by the sandbox's replica
+        // may have ended one too, before it was removed).
         tokio::time::timeout(HANG, async {
-            while leaf.seen(|s| s.endless.len()) < 2 {
+            while leaf.seen(|s| s.endless.is_empty()) || !limit_exceeded_at(metrics, &name, "watch_line").await {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
         .await
-        .expect("two replicas watched the endless leaf's pods");
+        .expect("the process watched the endless leaf's pods");
         let peak = status_kib(pid, "VmHWM");
         let streamed = leaf.seen(|s| s.endless.clone());
         eprintln!(
@@ -588,14 +648,14 @@ fn an_endless_watch_line_costs_a_bounded_amount_and_no_other_leaf_notices() {
         // The leaf's Node says why, in a few words; the metric counts it.
         let node = node_says(
             e,
-            "endless",
+            &name,
             "LeafTooLarge",
             "the leaf sent a watch event line longer than 4096 KiB",
         )
         .await;
         let message = ready_condition(&node).and_then(|c| c.message).unwrap_or_default();
         assert!(message.len() < 512, "{message}");
-        assert!(limit_exceeded(e, "endless", "watch_line").await);
+        assert!(limit_exceeded_at(metrics, &name, "watch_line").await);
 
         // Another leaf in the same relaylet is untouched: its Node Ready, an exec through it
         // (on the measured process's port) served.
@@ -608,7 +668,7 @@ fn an_endless_watch_line_costs_a_bounded_amount_and_no_other_leaf_notices() {
             "{exec}"
         );
 
-        remove_leaf(e, "endless").await;
+        remove_leaf(e, &name).await;
         drop(process);
     });
 }
@@ -618,7 +678,7 @@ fn a_leaf_of_20000_pods_is_listed_in_pages_and_dropped_past_leaf_max_pods() {
     let _one_at_a_time = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
     let e = env();
     RT.block_on(async {
-        let process = measured_process(e, "relaylet-crowded").await;
+        let (process, metrics) = measured_process(e, "relaylet-crowded").await;
         let pid = process.child.id();
         let leaf = FakeLeaf::start(Behaviour {
             nodes: 1,
@@ -627,16 +687,16 @@ fn a_leaf_of_20000_pods_is_listed_in_pages_and_dropped_past_leaf_max_pods() {
         })
         .await;
         let idle = reset_peak(pid);
-        add_leaf(e, "crowded", &leaf.url, None).await;
+        let name = add_leaf_served_by(e, "crowded", &leaf.url, "relaylet-crowded").await;
 
         let node = node_says(
             e,
-            "crowded",
+            &name,
             "LeafTooLarge",
             &format!("leaf cluster has more than {MAX_PODS} pods (LEAF_MAX_PODS)"),
         )
         .await;
-        assert!(limit_exceeded(e, "crowded", "pods").await);
+        assert!(limit_exceeded_at(metrics, &name, "pods").await);
         let message = ready_condition(&node).and_then(|c| c.message).unwrap_or_default();
         assert!(message.len() < 512, "{message}");
 
@@ -658,23 +718,11 @@ fn a_leaf_of_20000_pods_is_listed_in_pages_and_dropped_past_leaf_max_pods() {
             "no pod list continued a previous page: {lists:?}"
         );
 
-        // The process carried the leaf too: its memory stayed bounded.
-        tokio::time::timeout(HANG, async {
-            while leaf.seen(|s| {
-                s.requests
-                    .iter()
-                    .filter(|r| r.starts_with("/api/v1/pods") && r.contains("continue="))
-                    .count()
-            }) < 2 * (MAX_PODS / 200)
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .expect("both replicas listed the crowded leaf's pods up to the bound");
+        // The process carried the leaf (it counted it past the bound above, after listing up
+        // to the bound): its memory stayed bounded.
         let peak = status_kib(pid, "VmHWM");
         eprintln!(
-            "20,000 leaf pods, LEAF_MAX_PODS={MAX_PODS}: relaylet process RSS {idle} KiB before, peak {peak} KiB ({} KiB more); {} pod list pages asked for by both replicas",
+            "20,000 leaf pods, LEAF_MAX_PODS={MAX_PODS}: relaylet process RSS {idle} KiB before, peak {peak} KiB ({} KiB more); {} pod list pages asked for",
             peak.saturating_sub(idle),
             leaf.seen(|s| s.requests.iter().filter(|r| r.starts_with("/api/v1/pods") && !r.contains("watch=")).count())
         );
@@ -684,13 +732,14 @@ fn a_leaf_of_20000_pods_is_listed_in_pages_and_dropped_past_leaf_max_pods() {
             peak.saturating_sub(idle)
         );
 
-        remove_leaf(e, "crowded").await;
+        remove_leaf(e, &name).await;
         drop(process);
     });
 }
 
 #[test]
 fn a_leaf_with_more_nodes_than_leaf_max_nodes_is_dropped() {
+    let _one_at_a_time = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
     let e = env();
     RT.block_on(async {
         let leaf = FakeLeaf::start(Behaviour {
@@ -721,6 +770,7 @@ fn a_leaf_with_more_nodes_than_leaf_max_nodes_is_dropped() {
 
 #[test]
 fn error_pages_of_a_leaf_are_quoted_short_and_once_in_its_node() {
+    let _one_at_a_time = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
     let e = env();
     RT.block_on(async {
         // One page under relaylet's 64 KiB read limit on errors (quoted short), one far over it

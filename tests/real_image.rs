@@ -8,12 +8,11 @@
 //! A machine that cannot build the image (no podman and no apt) fails these tests with the
 //! script's error; they never pass without the image.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-const IMAGE: &str = "localhost/relaylet:dev";
+use relaylet_dev::testkit::image::IMAGE;
 
 /// The image's size bound. Measured: 129,172,038 bytes (123 MiB) = the distroless-like runtime
 /// base (24.4 MB: glibc, libgcc, libstdc++, libssl, tzdata, CA bundle) + the release binary
@@ -22,47 +21,13 @@ const IMAGE: &str = "localhost/relaylet:dev";
 /// of the binary leaks into the image (the build stage alone is over 1.8 GB).
 const MAX_IMAGE_BYTES: u64 = 160 * 1024 * 1024;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Runs `tests/tools/build-image.sh` once for this test binary (it rebuilds only what changed,
-/// and takes turns with other runs through its lock) and returns the saved archive's path.
+/// The image, built (once per test binary) and saved: its archive's path.
 fn image() -> &'static Path {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(repo().join("tests/tools/build-image.sh"))
-            .output()
-            .map_err(|e| format!("running tests/tools/build-image.sh: {e}"))?;
-        if !out.status.success() {
-            let stderr = text(&out.stderr);
-            let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
-            return Err(format!(
-                "tests/tools/build-image.sh failed ({}); this machine cannot build the image. \
-                 Last lines:\n{}",
-                out.status,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            ));
-        }
-        let cache = match std::env::var_os("RELAYLET_IMAGE_CACHE") {
-            Some(dir) => PathBuf::from(dir),
-            None => std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .ok_or("neither XDG_CACHE_HOME nor HOME is set")?
-                .join("relaylet/image"),
-        };
-        Ok(cache.join("relaylet.tar"))
-    });
-    match built {
-        Ok(path) => path,
-        Err(err) => panic!("{err}"),
-    }
+    relaylet_dev::testkit::image::built()
 }
 
 fn podman(args: &[&str]) -> Output {

@@ -1015,6 +1015,291 @@ async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
     .expect("test timed out");
 }
 
+/// The watches of `leaf`'s nodes and pods open now at its apiserver.
+fn leaf_watches(leaf: &Cluster) -> (u64, u64) {
+    (
+        leaf.api.open_watches("/api/v1/nodes"),
+        leaf.api.open_watches("/api/v1/pods"),
+    )
+}
+
+/// `relaylet_leaves_served` of `replica`: the leaves it runs.
+fn leaves_served(replica: &Replica) -> f64 {
+    let text = replica.running.metrics.encode().expect("metrics");
+    relaylet_dev::testkit::metrics::sum(
+        &relaylet_dev::testkit::metrics::parse(&text),
+        "relaylet_leaves_served",
+        &[],
+    )
+}
+
+/// Waits until every leaf in `leaves` (leaf, its Node) is watched by exactly one replica: one
+/// watch of its nodes and one of its pods more than `baseline` (what the leaf's own kubelet
+/// stand-in watches), and each replica of `replicas` runs exactly the leaves whose Nodes
+/// `owners` says it serves.
+async fn each_leaf_watched_once(
+    leaves: &[(&Cluster, String)],
+    baseline: &[(u64, u64)],
+    replicas: &BTreeMap<&str, Replica>,
+    owners: &BTreeMap<String, String>,
+) {
+    let mut last = String::new();
+    let settled = async {
+        loop {
+            let watches: Vec<(u64, u64)> = leaves.iter().map(|(l, _)| leaf_watches(l)).collect();
+            let extra: Vec<(String, i64, i64)> = leaves
+                .iter()
+                .zip(&watches)
+                .zip(baseline)
+                .map(|(((_, node), w), b)| {
+                    (
+                        node.clone(),
+                        w.0 as i64 - b.0 as i64,
+                        w.1 as i64 - b.1 as i64,
+                    )
+                })
+                .collect();
+            let served: BTreeMap<&str, f64> = replicas
+                .iter()
+                .map(|(name, r)| (*name, leaves_served(r)))
+                .collect();
+            let mut expected: BTreeMap<&str, f64> =
+                replicas.keys().map(|name| (*name, 0.0)).collect();
+            for owner in owners.values() {
+                *expected.entry(owner.as_str()).or_default() += 1.0;
+            }
+            if extra.iter().all(|(_, n, p)| (*n, *p) == (1, 1)) && served == expected {
+                return;
+            }
+            last = format!(
+                "replica watches per leaf (node, nodes, pods): {extra:?}; leaves served: {served:?}, expected {expected:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    if tokio::time::timeout(HANG, settled).await.is_err() {
+        panic!("each leaf watched by the one replica serving it: not within {HANG:?}: {last}");
+    }
+}
+
+/// Issue 39: with three replicas and four leaves, each leaf apiserver is watched (nodes and
+/// pods) by one replica only, the one whose Node it is; when a replica crashes its leaves are
+/// started by the replicas taking its Nodes over (the Nodes Ready throughout, sessions served
+/// after), and when a replica joins, the leaves whose Nodes it takes stop being watched by
+/// their old replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_leaf_is_watched_only_by_the_replica_that_serves_its_node() {
+    tokio::time::timeout(Duration::from_secs(300), async {
+        let root = root_cluster(None).await;
+        let store = root.api.store().clone();
+        let names: Vec<String> = (0..4).map(|i| format!("leaf-{i}")).collect();
+        let mut leaves = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            leaves.push(named_leaf_with_pod(&root, name, &format!("work-{i}")).await);
+        }
+        let nodes: Vec<String> = names.iter().map(|n| format!("relaylet-{n}")).collect();
+        let by_leaf: Vec<(&Cluster, String)> = leaves.iter().zip(nodes.iter().cloned()).collect();
+        let ips: BTreeMap<&str, &str> = BTreeMap::from([
+            ("relaylet-0", "127.0.0.1"),
+            ("relaylet-1", "127.0.0.2"),
+            ("relaylet-2", "127.0.0.3"),
+            ("relaylet-3", "127.0.0.4"),
+            ("relaylet-4", "127.0.0.5"),
+            ("relaylet-5", "127.0.0.6"),
+        ]);
+        // The replica that joins later: one the assignment gives a Node (4 Nodes on 3
+        // replicas may be 2-2-0).
+        let joiner = ["relaylet-3", "relaylet-4", "relaylet-5"]
+            .into_iter()
+            .find(|joiner| {
+                relaylet::replicas::assignment::Assignment::compute(
+                    nodes.iter().map(String::as_str),
+                    ["relaylet-1", "relaylet-2", joiner],
+                )
+                .loads()
+                .contains_key(joiner)
+            })
+            .expect("a joining replica that takes a Node");
+        let port = free_port();
+        let mut replicas: BTreeMap<&str, Replica> = BTreeMap::new();
+        for name in ["relaylet-0", "relaylet-1", "relaylet-2"] {
+            replicas.insert(
+                name,
+                Replica::start(&root, name, ips[name], port, &[]).await,
+            );
+        }
+        // What watches each leaf before relaylet knows it (its own kubelet stand-in).
+        let baseline: Vec<(u64, u64)> = leaves.iter().map(leaf_watches).collect();
+        for (leaf, name) in leaves.iter().zip(&names) {
+            store
+                .create_typed(&leaf_secret_named(leaf, name))
+                .expect("secret");
+        }
+        let live = |names: &[&'static str]| -> BTreeMap<&str, &str> {
+            names.iter().map(|n| (*n, ips[n])).collect()
+        };
+
+        let owners = spread_over(
+            &store,
+            &nodes,
+            &live(&["relaylet-0", "relaylet-1", "relaylet-2"]),
+        )
+        .await;
+        each_leaf_watched_once(&by_leaf, &baseline, &replicas, &owners).await;
+        sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
+
+        // A crash: the replicas taking relaylet-0's Nodes start its leaves; Ready throughout.
+        let crashed = store.revision();
+        replicas.remove("relaylet-0").expect("relaylet-0").crash();
+        let owners = spread_over(&store, &nodes, &live(&["relaylet-1", "relaylet-2"])).await;
+        for node in &nodes {
+            assert_eq!(
+                not_ready_writes_of(&store, crashed, node),
+                Vec::<String>::new(),
+                "{node} went NotReady"
+            );
+        }
+        each_leaf_watched_once(&by_leaf, &baseline, &replicas, &owners).await;
+        sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
+
+        // A replica joins: the leaves whose Nodes it takes are no longer watched by the replica
+        // that handed them over.
+        let joined = store.revision();
+        replicas.insert(
+            joiner,
+            Replica::start(&root, joiner, ips[joiner], port, &[]).await,
+        );
+        // Evenly spread already before the newcomer takes its Node: wait for that too.
+        let owners = tokio::time::timeout(HANG, async {
+            loop {
+                let owners =
+                    spread_over(&store, &nodes, &live(&["relaylet-1", "relaylet-2", joiner])).await;
+                if owners.values().any(|o| o == joiner) {
+                    return owners;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the newcomer serves a Node");
+        for node in &nodes {
+            assert_eq!(
+                not_ready_writes_of(&store, joined, node),
+                Vec::<String>::new(),
+                "{node} went NotReady"
+            );
+        }
+        each_leaf_watched_once(&by_leaf, &baseline, &replicas, &owners).await;
+        sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
+        drop(replicas);
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// Issue 39: the replica taking a Node over starts watching its leaf only then. When the leaf
+/// cannot be listed yet (its lists stall; `/readyz` answers), the new replica writes the Node's
+/// address and kubelet port and leaves the Ready condition and capacity the crashed replica
+/// wrote: never NotReady or zero capacity from a cache that has not listed. Only when the leaf
+/// still cannot be listed after the grace does the Node say so, and it recovers when the leaf
+/// lists again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_before_the_leaf_lists_keeps_the_node_ready_and_its_capacity() {
+    tokio::time::timeout(Duration::from_secs(300), async {
+        let root = root_cluster(None).await;
+        let store = root.api.store().clone();
+        let leaf = leaf_with_node().await;
+        let ips: BTreeMap<&str, &str> =
+            BTreeMap::from([("relaylet-0", "127.0.0.1"), ("relaylet-1", "127.0.0.2")]);
+        let port = free_port();
+        let mut replicas: BTreeMap<&str, Replica> = BTreeMap::new();
+        for (name, ip) in &ips {
+            replicas.insert(name, Replica::start(&root, name, ip, port, &[]).await);
+        }
+        store.create_typed(&leaf_secret(&leaf)).expect("secret");
+        // Settled: the Node Ready with the leaf's capacity, written by its replica, which
+        // alone watches the leaf (the Node may move once while the replicas count each other).
+        let (writer, cpu) = wait_for(
+            "the Node Ready, its leaf watched by its writer alone",
+            || {
+                let node = node_of(&store)?;
+                let writer = served_by(&node);
+                let ip = ips.get(writer.as_str())?;
+                (is_ready(&node) && first_address(&node)?.1 == *ip).then_some(())?;
+                let watching: Vec<f64> = replicas.values().map(leaves_served).collect();
+                (watching.iter().sum::<f64>() == 1.0
+                    && leaves_served(&replicas[writer.as_str()]) == 1.0
+                    && leaf_watches(&leaf) == (1, 1))
+                    .then_some(())?;
+                Some((writer, allocatable(&node, "cpu")?))
+            },
+        )
+        .await;
+        assert_eq!(cpu, "4");
+        let other = *ips
+            .keys()
+            .find(|n| **n != writer)
+            .expect("the other replica");
+        let other_port = replicas[other]
+            .running
+            .node_ports
+            .addr_of(NODE)
+            .expect("the other replica's port for the node")
+            .port();
+
+        // The leaf stops answering lists; the writer crashes.
+        leaf.api.stall_lists(true);
+        let crashed = store.revision();
+        replicas
+            .remove(writer.as_str())
+            .expect("the writer")
+            .crash();
+        let taken = wait_for("the other replica writes the Node", || {
+            let node = node_of(&store)?;
+            let endpoint = node.status.as_ref()?.daemon_endpoints.as_ref()?;
+            let written_port = endpoint.kubelet_endpoint.as_ref()?.port;
+            (served_by(&node) == other
+                && first_address(&node)?.1 == ips[other]
+                && written_port == i32::from(other_port))
+            .then_some(node)
+        })
+        .await;
+        assert!(is_ready(&taken), "{:?}", taken.status);
+        assert_eq!(allocatable(&taken, "cpu").as_deref(), Some("4"));
+        assert_eq!(
+            not_ready_writes_since(&store, crashed),
+            Vec::<String>::new(),
+            "the Node went NotReady on the takeover"
+        );
+        // Still not listed after the grace: the Node says so.
+        let said = wait_for("the Node says the leaf cannot be listed", || {
+            let node = node_of(&store)?;
+            (ready(&node)? == ("False".to_string(), "LeafUnreachable".to_string())).then_some(node)
+        })
+        .await;
+        let message = said
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .and_then(|c| c.message)
+            .unwrap_or_default();
+        assert!(message.contains("not listed"), "{message}");
+
+        // Lists answer again: Ready with the leaf's capacity.
+        leaf.api.stall_lists(false);
+        wait_for("the Node Ready again", || {
+            let node = node_of(&store)?;
+            (is_ready(&node) && allocatable(&node, "cpu")? == "4").then_some(())
+        })
+        .await;
+        drop(replicas);
+    })
+    .await
+    .expect("test timed out");
+}
+
 /// A leaf whose node `a` has a real kubelet stand-in running pod `default/work`, which the
 /// root shows on the leaf's virtual node (as a multi-cluster scheduler would).
 async fn leaf_with_pod(root: &Cluster) -> Cluster {

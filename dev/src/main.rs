@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: relaylet-dev [sandbox [--kubeconfig-out PATH] | bench [--quick] [--json] [--only bulk,rtt,setup,memory,proxy,fleet,kubelet-path]]
+const USAGE: &str = "usage: relaylet-dev [sandbox [--kubeconfig-out PATH] | bench [--quick] [--json] [--only bulk,rtt,setup,memory,proxy,fleet,kubelet-path] [--leaves N] [--idle-minutes M]]
 
   sandbox  start simulated root and leaf clusters with relaylet between them, for your kubectl
   bench    measure relaylet against the direct path, a bare reference relay and the floor (see docs/performance.md)";

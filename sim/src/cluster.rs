@@ -184,7 +184,22 @@ impl Cluster {
             self.data_dir.path().join(name),
         );
         let kubelet = Arc::new(Kubelet::start(config).await?);
-        let node: Node = serde_json::from_value(json!({
+        self.create_node(name, Some(kubelet.addr.port()))?;
+        self.lock_kubelets()
+            .insert(name.to_string(), kubelet.clone());
+        Ok(kubelet)
+    }
+
+    /// Adds a Ready node with no kubelet stand-in behind it: the object only, as cheap as a node
+    /// can be (pods added to it are objects only too). For fleets of many leaves where only the
+    /// API objects matter; nothing can exec into or read the logs of its pods.
+    pub fn add_node_without_kubelet(&self, name: &str) -> Result<(), ClusterError> {
+        self.create_node(name, None)
+    }
+
+    /// Writes node `name`'s object, Ready; with `kubelet_port`, the port its kubelet serves.
+    fn create_node(&self, name: &str, kubelet_port: Option<u16>) -> Result<(), ClusterError> {
+        let mut node: Node = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
@@ -201,7 +216,6 @@ impl Cluster {
                     {"type": "InternalIP", "address": "127.0.0.1"},
                     {"type": "Hostname", "address": "localhost"}
                 ],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet.addr.port()}},
                 "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110", "ephemeral-storage": "100Gi"},
                 "allocatable": {"cpu": "3800m", "memory": "7Gi", "pods": "110", "ephemeral-storage": "90Gi"},
                 "conditions": [
@@ -222,13 +236,18 @@ impl Cluster {
             }
         }))
         .map_err(|e| ClusterError::Store(e.to_string()))?;
+        if let (Some(port), Some(status)) = (kubelet_port, node.status.as_mut()) {
+            status.daemon_endpoints = Some(k8s_openapi::api::core::v1::NodeDaemonEndpoints {
+                kubelet_endpoint: Some(k8s_openapi::api::core::v1::DaemonEndpoint {
+                    port: i32::from(port),
+                }),
+            });
+        }
         self.api
             .store()
             .create_typed(&node)
             .map_err(|e| ClusterError::Store(e.to_string()))?;
-        self.lock_kubelets()
-            .insert(name.to_string(), kubelet.clone());
-        Ok(kubelet)
+        Ok(())
     }
 
     /// The kubelet stand-in of node `name`.

@@ -4,9 +4,9 @@
 //! [`Health::leaf_probed`], so a leaf's health is one fact with one probe.
 //!
 //! - `/livez` and `/healthz`: the process serves HTTP (a restart would not help otherwise).
-//! - `/readyz`: the root apiserver answered the last probe, at least one leaf did (when any is
-//!   registered: a fresh install without leaves is ready; a registered leaf not probed yet does
-//!   not count as answering), the serving certificate is loaded
+//! - `/readyz`: the root apiserver answered the last probe, at least one leaf did (when this
+//!   replica watches any: a fresh install without leaves, or a replica serving no Node, is
+//!   ready; a leaf it started watching but has not probed yet does not count as answering), the serving certificate is loaded
 //!   (in `SERVING_CERT_MODE=csr`: issued and not expired; the reason names a pending CSR),
 //!   and shutdown has not begun. A replica that is not ready is taken out
 //!   of the Service but keeps relaying the sessions it has.
@@ -53,7 +53,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Health {
     pub metrics: Metrics,
     root_ok: AtomicBool,
-    /// Per registered leaf: whether its apiserver answered the last probe (`None`: not yet
+    /// Per leaf this replica watches: whether its apiserver answered the last probe (`None`: not yet
     /// probed).
     leaves_ok: Mutex<BTreeMap<String, Option<bool>>>,
     /// Why no valid serving certificate is served (`None` until one is loaded).
@@ -120,7 +120,7 @@ impl Health {
         None
     }
 
-    /// A leaf joined the registry; it is probed soon.
+    /// This replica started watching a leaf (it serves the leaf's Node); it is probed soon.
     pub fn leaf_registered(&self, leaf: &str) {
         let mut leaves = self.leaves_ok.lock().unwrap_or_else(|e| e.into_inner());
         leaves.entry(leaf.to_string()).or_insert(None);
@@ -136,7 +136,8 @@ impl Health {
         leaves.insert(leaf.to_string(), Some(reachable));
     }
 
-    /// `leaf` left the registry: it leaves readiness and the gauge too.
+    /// `leaf` left the registry, or this replica no longer watches it: it leaves readiness and
+    /// the gauge too.
     pub fn leaf_gone(&self, leaf: &str) {
         self.metrics
             .leaf_reachable

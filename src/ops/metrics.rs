@@ -76,6 +76,9 @@ pub struct Metrics {
     pub leaf_secret_refusals: Family<OneLabel, Counter>,
     /// Virtual nodes this replica writes now (their Node's `relaylet.io/served-by`).
     pub virtual_nodes_served: Gauge,
+    /// Leaves whose watches this replica runs now: those of the Nodes it serves, is taking
+    /// over or is handing over (each leaf is watched by one replica).
+    pub leaves_served: Gauge,
     /// Virtual nodes this replica took over (created, taken from a replica gone, or handed
     /// back to it).
     pub virtual_node_takeovers: Counter,
@@ -222,6 +225,12 @@ impl Metrics {
             "Virtual nodes this replica writes now (each Node names its replica in relaylet.io/served-by; the root apiserver sends that node's sessions there)",
             virtual_nodes_served.clone(),
         );
+        let leaves_served = Gauge::default();
+        registry.register(
+            "leaves_served",
+            "Leaf clusters whose nodes and pods this replica watches now: the leaves of the virtual nodes it serves, takes over or hands over (each leaf is watched by one replica)",
+            leaves_served.clone(),
+        );
         let virtual_node_takeovers = Counter::default();
         registry.register(
             "virtual_node_takeovers",
@@ -246,6 +255,7 @@ impl Metrics {
             leaf_limits_exceeded,
             ignored_leases,
             virtual_nodes_served,
+            leaves_served,
             virtual_node_takeovers,
             leaf_secret_refusals,
             serving_cert_pending,

@@ -1,6 +1,15 @@
-//! One leaf's loop: probes the leaf, recomputes its Node every few seconds and, on the leader,
-//! writes the Node (when it changed, and as a heartbeat) and renews its Lease; a watch of the
-//! Node puts it back at once when someone else deletes or alters it.
+//! One leaf's loop: probes the leaf, recomputes its Node every few seconds and, on the replica
+//! the Node is assigned to, writes the Node (when it changed, and as a heartbeat) and renews its
+//! Lease; a watch of the Node puts it back at once when someone else deletes or alters it.
+//!
+//! Every replica runs this loop for every leaf, but only its root side (the watch of the Node,
+//! which tells it when to take the Node over or hand it back). The leaf side, the watches of
+//! the leaf's nodes and pods and its probes ([`LeafSide`]), runs only on the replica that
+//! serves the Node, is assigned it, or is still handing it over: each leaf is watched by one
+//! replica, and a leaf handed away is forgotten once the Node names its new replica. A replica
+//! that starts a leaf (a takeover) does not know it yet: until its watches have listed, it
+//! writes the Node's addresses (so the leaf's sessions come to it) and leaves the status the
+//! previous replica wrote (conditions, capacity, node info) as it is.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -29,15 +38,43 @@ const RECOMPUTE: Duration = Duration::from_secs(2);
 const PROBE_EVERY: Duration = Duration::from_secs(10);
 /// Node status is written at least this often, as a heartbeat, even when nothing changed.
 const STATUS_HEARTBEAT: Duration = Duration::from_secs(60);
+/// How long a leaf just started here is given to list its nodes and pods before its Node is
+/// written without them (addresses only): long enough for any leaf that answers, short
+/// enough to stay well inside the 15 s a takeover may take.
+const FIRST_LIST_WAIT: Duration = Duration::from_secs(1);
+/// How long a Node keeps the status its previous replica wrote while this replica's watches of
+/// the leaf have not listed yet; after it, the leaf is judged by its probe (NotReady when it
+/// still cannot be listed).
+const COLD_GRACE: Duration = Duration::from_secs(30);
+
+/// The leaf side of one leaf's loop, run while this replica serves the leaf's Node (or is
+/// assigned it, or hands it over): the watches of the leaf's nodes and pods. Dropping it
+/// closes them and frees what they kept.
+struct LeafSide {
+    watch: LeafWatch,
+    started: Instant,
+    /// Both watches have listed once since `started`.
+    listed: bool,
+    /// `relaylet_leaves_served`, counted while this lives.
+    served: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl LeafSide {
+    /// Whether the watches have not listed yet and the Node's previous status is kept.
+    fn cold(&self) -> bool {
+        !self.listed && self.started.elapsed() < COLD_GRACE
+    }
+}
+
+impl Drop for LeafSide {
+    fn drop(&mut self) {
+        self.served.dec();
+    }
+}
 impl Controller {
     /// Keeps one leaf's Node and Lease up to date.
     pub(super) async fn run_leaf(self: Arc<Self>, leaf: Arc<Leaf>) {
-        let watch = LeafWatch::start(
-            &leaf.name,
-            &leaf.client,
-            self.config.leaf_bounds,
-            &self.metrics,
-        );
+        let mut leaf_side: Option<LeafSide> = None;
         let mut state = LeafLoop {
             health: Health::Unreachable("not probed yet".to_string()),
             probed_at: None,
@@ -55,6 +92,16 @@ impl Controller {
         let mut replicas = self.replicas.clone();
         let mut node_events = self.watch_node(&leaf.node_name);
         loop {
+            // The leaf is watched only while this replica serves its Node, is assigned it or
+            // still hands it over.
+            let wanted = state.held || self.assigned(&leaf.node_name);
+            if wanted && leaf_side.is_none() {
+                leaf_side = Some(self.start_leaf(&leaf));
+                state.probed_at = None;
+            } else if !wanted && leaf_side.is_some() {
+                leaf_side = None;
+                self.stop_leaf(&leaf, &mut state);
+            }
             // Renewal is judged on the tick schedule, not on when the last write finished:
             // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
             // A replica just assigned the node (or whose peers changed, so the node's holder
@@ -104,11 +151,28 @@ impl Controller {
                     continue;
                 }
             };
-            if state
-                .probed_at
-                .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
+            let cold = match leaf_side.as_mut() {
+                Some(side) if !side.listed => {
+                    // The first round waits a moment for the first listing; later ones only
+                    // look.
+                    let wait =
+                        if state.probed_at.is_none() && side.started.elapsed() < FIRST_LIST_WAIT {
+                            FIRST_LIST_WAIT
+                        } else {
+                            Duration::ZERO
+                        };
+                    side.listed = side.watch.settled_within(wait).await;
+                    side.cold()
+                }
+                _ => false,
+            };
+            if let Some(side) = leaf_side.as_ref().filter(|_| !cold)
+                && state
+                    .probed_at
+                    .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
             {
-                state.health = leaf_watch::probe(&leaf.client, &watch).await;
+                let watch = &side.watch;
+                state.health = leaf_watch::probe(&leaf.client, watch).await;
                 // Not ready (or no Ready node) still means the leaf apiserver answered.
                 self.health
                     .leaf_probed(&leaf.name, !matches!(state.health, Health::Unreachable(_)));
@@ -142,7 +206,15 @@ impl Controller {
                 state.node_uid = None;
                 continue;
             }
-            match self.sync_leaf(&leaf, &watch, &mut state, now).await {
+            let Some(side) = leaf_side.as_ref() else {
+                // Assigned a moment ago: the next round starts the leaf.
+                tick.reset_immediately();
+                continue;
+            };
+            match self
+                .sync_leaf(&leaf, &side.watch, cold, &mut state, now)
+                .await
+            {
                 Ok(()) => state.refused = None,
                 Err(err @ SyncError::NotOurs { .. }) => {
                     // Said loudly once, not every round; retried in case the other goes.
@@ -175,10 +247,43 @@ impl Controller {
         }
     }
 
+    /// Starts watching `leaf` here (its nodes and pods).
+    fn start_leaf(&self, leaf: &Leaf) -> LeafSide {
+        tracing::debug!(leaf = %leaf.name, "watching the leaf: this replica serves its node");
+        self.health.leaf_registered(&leaf.name);
+        let served = self.metrics.leaves_served.clone();
+        served.inc();
+        LeafSide {
+            watch: LeafWatch::start(
+                &leaf.name,
+                &leaf.client,
+                self.config.leaf_bounds,
+                &self.metrics,
+            ),
+            started: Instant::now(),
+            listed: false,
+            served,
+        }
+    }
+
+    /// Forgets `leaf` here once another replica serves its Node: its probes' verdict leaves
+    /// readiness (this replica no longer answers for it) and the next term probes afresh.
+    fn stop_leaf(&self, leaf: &Leaf, state: &mut LeafLoop) {
+        tracing::debug!(leaf = %leaf.name, "no longer watching the leaf: another replica serves its node");
+        self.health.leaf_gone(&leaf.name);
+        state.health = Health::Unreachable("not probed yet".to_string());
+        state.probed_at = None;
+    }
+
+    /// Computes and writes `leaf`'s Node and renews its Lease. While `cold` (the leaf's
+    /// watches have not listed yet) only the Node's addresses and kubelet port are written:
+    /// the merge patch leaves the conditions, capacity and node info the previous writer
+    /// left, never zero capacity or NotReady from an empty cache.
     async fn sync_leaf(
         &self,
         leaf: &Leaf,
         watch: &LeafWatch,
+        cold: bool,
         state: &mut LeafLoop,
         tick: Instant,
     ) -> Result<(), SyncError> {
@@ -209,7 +314,12 @@ impl Controller {
                 return Ok(());
             };
             state.node_uid = node.metadata.uid.clone();
-            let kept = self.keep_labels_and_taints(leaf, &held, &info).await?;
+            // The labels follow the leaf's nodes too: not from an empty cache.
+            let kept = if cold {
+                None
+            } else {
+                self.keep_labels_and_taints(leaf, &held, &info).await?
+            };
             state.node_version = match kept {
                 Some(written) => written.metadata.resource_version,
                 None => held.metadata.resource_version.clone(),
@@ -252,8 +362,22 @@ impl Controller {
             )),
             ..Default::default()
         };
+        let status = if cold {
+            NodeStatus {
+                addresses: status.addresses,
+                daemon_endpoints: status.daemon_endpoints,
+                ..Default::default()
+            }
+        } else {
+            status
+        };
         let changed = state.written.as_ref().is_none_or(|(old, at)| {
-            !same_ignoring_heartbeats(old, &status) || at.elapsed() >= STATUS_HEARTBEAT
+            if cold {
+                // Only what a cold write says can have changed.
+                old.addresses != status.addresses || old.daemon_endpoints != status.daemon_endpoints
+            } else {
+                !same_ignoring_heartbeats(old, &status) || at.elapsed() >= STATUS_HEARTBEAT
+            }
         });
         if changed {
             // A merge patch replaces lists whole: the address list is written atomically, never
@@ -279,7 +403,13 @@ impl Controller {
                 })?;
             tracing::debug!(node = %leaf.node_name, "node status written");
             state.node_version = written.metadata.resource_version;
-            state.written = Some((status, Instant::now()));
+            let mut recorded = status;
+            if cold {
+                // The conditions left as they were: the next full write keeps their
+                // transition times.
+                recorded.conditions = written.status.and_then(|s| s.conditions);
+            }
+            state.written = Some((recorded, Instant::now()));
         }
         if state
             .lease_renewed

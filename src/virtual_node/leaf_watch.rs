@@ -43,6 +43,13 @@ impl LeafWatch {
         }
     }
 
+    /// Whether both watches have listed once (or been dropped for a bound, which is a verdict
+    /// too) within `wait`: until then the records are empty and say nothing about the leaf.
+    pub async fn settled_within(&self, wait: Duration) -> bool {
+        let settled = async { (self.nodes.settled().await, self.pods.settled().await) };
+        tokio::time::timeout(wait, settled).await.is_ok()
+    }
+
     /// The leaf's nodes by name: in a fixed order, so the Node's address list (and node info,
     /// taken from the first node) does not change order between rounds or replicas and get
     /// rewritten for nothing.

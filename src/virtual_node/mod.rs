@@ -19,6 +19,12 @@
 //! Each leaf's loop watches its Node, so a deleted or altered Node is put back at once, not at
 //! the next heartbeat.
 //!
+//! Each leaf is watched by one replica only: every replica runs every leaf's loop, but a loop
+//! watches its leaf (nodes, pods, probes) only while its replica serves the leaf's Node, is
+//! assigned it or still hands it over (`leaf_loop`). The leader's duties need no leaf: Nodes of
+//! removed leaves are found from the registry of leaf Secrets, which every replica keeps (its
+//! leaf clients dial nothing until used).
+//!
 //! This file keeps the set of loops (one per registered leaf, orphans removed) and writes the
 //! Node object; `leaf_loop` is one leaf's loop, `node_lease` its Lease, `desired` what the Node
 //! should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods,
@@ -151,7 +157,6 @@ impl Controller {
             self.reassign(current.keys().map(String::as_str));
             for (node, leaf) in current {
                 loops.0.entry(node).or_insert_with(|| {
-                    self.health.leaf_registered(&leaf.name);
                     let span = tracing::info_span!("virtual_node", leaf = %leaf.name, node = %leaf.node_name);
                     let task = tokio::spawn(self.clone().run_leaf(leaf.clone()).instrument(span));
                     (leaf, task)

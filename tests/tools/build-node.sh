@@ -5,10 +5,11 @@
 #
 #   containerd, runc, CNI plugins   Debian's packages (containerd 1.6, runc 1.1, plugins 1.1),
 #                                   installed with apt when missing
-#   kubelet                         k8s.io/kubernetes/cmd/kubelet at the version pinned in
-#                                   tests/realk8s/kubelet/go.mod (the same Kubernetes as
-#                                   tests/realk8s/k8s; a module of its own, so its extra sums
-#                                   never change the pins, and the cache, of the control plane)
+#   kubelet, kube-scheduler         k8s.io/kubernetes/cmd/{kubelet,kube-scheduler} at the version
+#                                   pinned in tests/realk8s/kubelet/go.mod (the same Kubernetes
+#                                   as tests/realk8s/k8s; a module of its own, so its extra sums
+#                                   never change the pins, and the cache, of the control plane);
+#                                   the scheduler places the chart's pods on a real root node
 #   pause.tar, busybox.tar          images without a registry: one-layer docker-archives made
 #                                   here (our static pause from tests/realk8s/kubelet/cmd/pause;
 #                                   Debian's static busybox), imported with `ctr images import`
@@ -58,11 +59,13 @@ if [ ! -f "$out/.done" ]; then
   mkdir -p "$out"
   minor="${version#v1.}"
   minor="${minor%%.*}"
-  echo "build-node.sh: building kubelet $version" >&2
-  (cd "$src" && go build -trimpath \
-    -ldflags "-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
-    -o "$out/kubelet.tmp" k8s.io/kubernetes/cmd/kubelet)
-  mv "$out/kubelet.tmp" "$out/kubelet"
+  for cmd in kubelet kube-scheduler; do
+    echo "build-node.sh: building $cmd $version" >&2
+    (cd "$src" && go build -trimpath \
+      -ldflags "-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+      -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
+    mv "$out/$cmd.tmp" "$out/$cmd"
+  done
 
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT

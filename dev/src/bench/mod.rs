@@ -16,6 +16,7 @@ pub mod kubelet_path;
 mod procfs;
 pub mod reference_relay;
 mod report;
+mod sockets;
 mod stack;
 
 use std::time::{Duration, Instant};
@@ -40,6 +41,10 @@ pub struct Options {
     pub smoke: bool,
     /// Only these groups of figures (`--only bulk,rtt,setup,memory,proxy`); all when empty.
     pub only: Groups,
+    /// The fleet's number of leaves (`--leaves N`, 10 leaf pods each).
+    pub leaves: Option<usize>,
+    /// The fleet's idle at the end, minutes (`--idle-minutes M`; 10 unless set).
+    pub idle_minutes: Option<u64>,
 }
 
 /// Which groups of figures to measure: handy while tuning one path.
@@ -120,8 +125,12 @@ impl Options {
                         .context("--only needs a list, e.g. --only setup")?;
                     options.only = Groups::parse(list)?;
                 }
+                "--leaves" => options.leaves = Some(positive(args.next(), "--leaves")?),
+                "--idle-minutes" => {
+                    options.idle_minutes = Some(positive(args.next(), "--idle-minutes")?);
+                }
                 other => anyhow::bail!(
-                    "unknown bench option {other:?} (try --quick, --json, --only GROUPS)"
+                    "unknown bench option {other:?} (try --quick, --json, --only GROUPS, --leaves N, --idle-minutes M)"
                 ),
             }
         }
@@ -129,6 +138,18 @@ impl Options {
             options.only = Groups::ALL;
         }
         Ok(options)
+    }
+}
+
+/// The value of a numeric option: a whole number above zero.
+fn positive<T: std::str::FromStr + PartialOrd + Default>(
+    value: Option<&String>,
+    option: &str,
+) -> anyhow::Result<T> {
+    let value = value.with_context(|| format!("{option} needs a number, e.g. {option} 100"))?;
+    match value.parse::<T>() {
+        Ok(n) if n > T::default() => Ok(n),
+        _ => anyhow::bail!("{option} needs a whole number above zero, not {value:?}"),
     }
 }
 
@@ -315,7 +336,12 @@ async fn run_kubelet_path(options: Options) -> anyhow::Result<()> {
 
 /// The fleet figures (`--only fleet`), printed as they come and as a table.
 async fn run_fleet(options: Options) -> anyhow::Result<()> {
-    let size = fleet::Size::for_mode(options.smoke, options.quick);
+    let size = fleet::Size::for_mode(
+        options.smoke,
+        options.quick,
+        options.leaves,
+        options.idle_minutes,
+    );
     eprintln!(
         "fleet: {} leaves, {} leaf pods with {} B annotations",
         size.leaves, size.pods, 4096
@@ -323,19 +349,26 @@ async fn run_fleet(options: Options) -> anyhow::Result<()> {
     let figures = fleet::run(size).await.context("the fleet figures")?;
     if options.json {
         for f in &figures {
-            println!(
-                "{}",
-                serde_json::json!({"name": f.name, "value": f.value, "unit": f.unit})
-            );
+            let mut row = serde_json::json!({"name": f.name, "value": f.value, "unit": f.unit});
+            if let Some(replica) = &f.replica {
+                row["replica"] = serde_json::json!(replica);
+            }
+            println!("{row}");
         }
     } else {
         println!(
             "fleet: {} leaves, {} leaf pods (4 KiB annotation each)\n",
             size.leaves, size.pods
         );
-        println!("| figure | value | unit |\n|---|---:|---|");
+        println!("| figure | replica | value | unit |\n|---|---|---:|---|");
         for f in &figures {
-            println!("| {} | {:.3} | {} |", f.name, f.value, f.unit);
+            println!(
+                "| {} | {} | {:.3} | {} |",
+                f.name,
+                f.replica.as_deref().unwrap_or("all"),
+                f.value,
+                f.unit
+            );
         }
         println!("\nFleet targets:");
     }
@@ -816,5 +849,32 @@ mod tests {
         assert!(err.contains("--only needs a list"), "{err}");
         let err = parse(&["--fast"]).unwrap_err().to_string();
         assert!(err.contains("\"--fast\""), "{err}");
+    }
+
+    #[test]
+    fn fleet_sizes_are_whole_numbers_above_zero() {
+        let fleet = parse(&[
+            "--only",
+            "fleet",
+            "--leaves",
+            "1000",
+            "--idle-minutes",
+            "60",
+        ])
+        .unwrap();
+        assert!(fleet.only.fleet);
+        assert_eq!((fleet.leaves, fleet.idle_minutes), (Some(1000), Some(60)));
+        let size = fleet::Size::for_mode(false, false, fleet.leaves, fleet.idle_minutes);
+        assert_eq!((size.leaves, size.pods, size.kubelets), (1000, 10_000, 100));
+        assert_eq!(size.long_idle, Duration::from_secs(3600));
+        for bad in [
+            &["--leaves"][..],
+            &["--leaves", "0"],
+            &["--leaves", "-3"],
+            &["--idle-minutes", "x"],
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(bad[0]), "{err}");
+        }
     }
 }

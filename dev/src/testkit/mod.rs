@@ -1,9 +1,11 @@
 //! The end-to-end tests' shared kit: one sandbox per test binary (root and leaf stand-ins plus
 //! relaylet, as `relaylet-dev sandbox` starts them) and helpers to run real `kubectl` binaries
 //! against it; `metrics` reads relaylet's operations ports, `realk8s` starts real Kubernetes,
+//! `image` builds the container image as it ships,
 //! `replica_pod` gives each replica the Running Pod relaylet's leader election asks for.
 
 pub mod forwarder;
+pub mod image;
 pub mod metrics;
 pub mod process;
 pub mod proxy;

@@ -37,6 +37,10 @@ pub struct App {
     /// Requests served, for tests that assert what a client cost the apiserver (the real one
     /// counts them in `apiserver_request_total`).
     pub requests: Requests,
+    /// Watches open now, by path.
+    pub open_watches: watch::OpenWatches,
+    /// While set, lists wait (a leaf too slow to list; everything else works).
+    pub stall_lists: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How many requests the server was sent, by method and path. Cheap to clone.
@@ -250,10 +254,17 @@ async fn resource(
             let obj = app.store.get(kind, &target.namespace, &target.name)?;
             Ok(json_response(StatusCode::OK, &render.one(kind, &obj)))
         }
-        "list" => list(&app.store, &target, &query, render),
+        "list" => {
+            // A stalled list answers once lists are let go (the answer as of then).
+            while app.stall_lists.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            list(&app.store, &target, &query, render)
+        }
         "watch" => {
             let watch = watch_request(&target, &query, render)?;
-            let body = watch::serve(app.store.clone(), watch, stop);
+            let path = req.uri().path().to_string();
+            let body = watch::serve(app.store.clone(), watch, stop, &app.open_watches, &path);
             Ok((
                 StatusCode::OK,
                 [(http::header::CONTENT_TYPE, "application/json")],

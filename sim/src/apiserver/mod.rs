@@ -126,6 +126,8 @@ pub struct ApiServer {
     store: Store,
     served: Served,
     requests: api::Requests,
+    open_watches: watch::OpenWatches,
+    stall_lists: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Namespaces kube-apiserver creates at start.
@@ -157,6 +159,8 @@ impl ApiServer {
             source,
         })?;
         let requests = api::Requests::default();
+        let open_watches = watch::OpenWatches::default();
+        let stall_lists = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let app = Arc::new(api::App {
             store: store.clone(),
             policy: cfg.policy,
@@ -164,6 +168,8 @@ impl ApiServer {
             kubelet: cfg.kubelet,
             server_address: addr.to_string(),
             requests: requests.clone(),
+            open_watches: open_watches.clone(),
+            stall_lists: stall_lists.clone(),
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);
         // Like kube-apiserver: h2 by ALPN, HTTP/1.1 (and its upgrades) to clients that ask for it.
@@ -183,6 +189,8 @@ impl ApiServer {
             store,
             served,
             requests,
+            open_watches,
+            stall_lists,
         })
     }
 
@@ -190,6 +198,19 @@ impl ApiServer {
     /// `prefix`.
     pub fn requests(&self, method: &str, prefix: &str) -> u64 {
         self.requests.matching(method, prefix)
+    }
+
+    /// Watches open now whose path starts with `prefix` (`/api/v1/pods`): each client's
+    /// watch of a kind is one.
+    pub fn open_watches(&self, prefix: &str) -> u64 {
+        self.open_watches.matching(prefix)
+    }
+
+    /// While `on`, lists do not answer (a leaf too slow to list; they answer once it is
+    /// off); gets, watches and `/readyz` work.
+    pub fn stall_lists(&self, on: bool) {
+        self.stall_lists
+            .store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// `https://127.0.0.1:<port>`.

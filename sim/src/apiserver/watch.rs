@@ -101,11 +101,62 @@ impl Watch {
     }
 }
 
-/// Starts the watch; the returned body streams until the timeout, the server stopping
-/// (`stop`), or the client going away.
-pub fn serve(store: Store, watch: Watch, stop: CancellationToken) -> Body {
+/// How many watches are open now, by request path, for tests that assert who watches what
+/// (kube-apiserver counts them in `apiserver_longrunning_requests`). Cheap to clone.
+#[derive(Clone, Default)]
+pub struct OpenWatches(Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>);
+
+impl OpenWatches {
+    /// Counts one watch of `path` open until the returned guard is dropped.
+    fn open(&self, path: &str) -> OpenWatch {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *map.entry(path.to_string()).or_default() += 1;
+        OpenWatch {
+            watches: self.clone(),
+            path: path.to_string(),
+        }
+    }
+
+    /// Open watches whose path starts with `prefix`.
+    pub fn matching(&self, prefix: &str) -> u64 {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .filter(|(p, _)| p.starts_with(prefix))
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// One open watch, counted in [`OpenWatches`] while it lives.
+struct OpenWatch {
+    watches: OpenWatches,
+    path: String,
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        let mut map = self.watches.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.path) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// Starts the watch of `path`, counted in `open` while it streams; the returned body streams
+/// until the timeout, the server stopping (`stop`), or the client going away.
+pub fn serve(
+    store: Store,
+    watch: Watch,
+    stop: CancellationToken,
+    open: &OpenWatches,
+    path: &str,
+) -> Body {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(run(store, Arc::new(watch), stop, tx));
+    let counted = open.open(path);
+    tokio::spawn(async move {
+        run(store, Arc::new(watch), stop, tx).await;
+        drop(counted);
+    });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
     });

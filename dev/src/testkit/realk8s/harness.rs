@@ -241,6 +241,9 @@ pub struct ControlPlane {
     pub etcd: Process,
     pub apiserver: Process,
     pub controller_manager: Option<Process>,
+    /// kube-scheduler, once [`start_scheduler`](Self::start_scheduler) ran (pods of
+    /// controllers on real nodes need it; the stand-in kubelets' pods set `nodeName`).
+    pub scheduler: Option<Process>,
     /// The Kubernetes version of every process here.
     pub version: K8s,
     pub kubelets: Vec<Process>,
@@ -258,10 +261,15 @@ pub struct Options {
     pub verify_kubelet_certificates: bool,
     /// The Kubernetes version of the control plane and its kubelets.
     pub version: K8s,
-    /// Another address the apiserver serves on (besides loopback, with it in its certificate),
-    /// for clients in another network namespace.
-    pub also_serve_on: Option<std::net::IpAddr>,
+    /// Other addresses the apiserver serves on (besides loopback, with them in its
+    /// certificate), for clients in other network namespaces.
+    pub also_serve_on: Vec<std::net::IpAddr>,
 }
+
+/// The clusters' Service range, and the first address in it: the `kubernetes` Service's
+/// ClusterIP, where a pod finds the apiserver (`KUBERNETES_SERVICE_HOST`).
+pub const SERVICE_RANGE: &str = "10.96.0.0/16";
+pub const SERVICE_IP: &str = "10.96.0.1";
 
 impl ControlPlane {
     /// Starts etcd, kube-apiserver (and kube-controller-manager) under `parent/name`.
@@ -279,14 +287,20 @@ impl ControlPlane {
         // service-account signing key.
         let ca = Ca::new(&format!("{}-ca", options.name)).expect("CA");
         let front = Ca::new(&format!("{}-front-proxy-ca", options.name)).expect("front CA");
-        let also = options.also_serve_on.map(|ip| ip.to_string());
+        let also: Vec<String> = options
+            .also_serve_on
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect();
         let mut names = vec![
             "127.0.0.1",
             "localhost",
             "kubernetes",
             "kubernetes.default.svc",
+            // The `kubernetes` Service's ClusterIP: what a pod's in-cluster client dials.
+            SERVICE_IP,
         ];
-        names.extend(also.as_deref());
+        names.extend(also.iter().map(String::as_str));
         let serving = ca.issue_server(&names).expect("apiserver certificate");
         let kubelet_client = ca
             .issue_client("kube-apiserver-kubelet-client", &[])
@@ -346,7 +360,7 @@ impl ControlPlane {
             // All addresses only when asked to serve on another one as well.
             format!(
                 "--bind-address={}",
-                if also.is_some() {
+                if !also.is_empty() {
                     "0.0.0.0"
                 } else {
                     "127.0.0.1"
@@ -360,7 +374,7 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc".to_string(),
             format!("--service-account-key-file={sa_pub}"),
             format!("--service-account-signing-key-file={sa_key}"),
-            "--service-cluster-ip-range=10.96.0.0/16".to_string(),
+            format!("--service-cluster-ip-range={SERVICE_RANGE}"),
             format!("--kubelet-client-certificate={kc_cert}"),
             format!("--kubelet-client-key={kc_key}"),
             format!(
@@ -429,6 +443,7 @@ impl ControlPlane {
             etcd,
             apiserver,
             controller_manager: None,
+            scheduler: None,
             version: options.version,
             kubelets: Vec::new(),
             apiserver_args,
@@ -497,6 +512,26 @@ impl ControlPlane {
             plane.controller_manager = kcm;
         }
         plane
+    }
+
+    /// Starts kube-scheduler (`binary`, of this plane's version) with the identity kubeadm
+    /// gives it (`system:kube-scheduler`, bound by the bootstrap RBAC).
+    pub fn start_scheduler(&mut self, binary: &Path) {
+        let path = self.user_kubeconfig("system:kube-scheduler", &[]);
+        let kubeconfig = path.display();
+        self.scheduler = Some(Process::spawn(
+            "kube-scheduler",
+            &self.dir,
+            binary,
+            &[
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--authentication-kubeconfig={kubeconfig}"),
+                format!("--authorization-kubeconfig={kubeconfig}"),
+                "--bind-address=127.0.0.1".to_string(),
+                format!("--secure-port={}", free_port()),
+                "--leader-elect=false".to_string(),
+            ],
+        ));
     }
 
     /// Adds a node served by a leafkubelet; waits until it is registered. A kubelet that

@@ -147,11 +147,22 @@ impl Leftovers {
     }
 }
 
+/// Where a node's pods live on the network.
+pub enum Pods {
+    /// 10.88.0.0/16, reachable only inside the node's namespace: pods that only the kubelet
+    /// reaches (a leaf's pods, whose traffic comes through the kubelet's streaming server).
+    Private,
+    /// This range, reachable from this machine as a pod network is from its control plane,
+    /// and the cluster's `kubernetes` Service forwarded to the apiserver: pods that serve the
+    /// apiserver and call it (relaylet's own).
+    Routed(String),
+}
+
 impl RealNode {
     /// Starts containerd and a kubelet for `plane` as node `name`, in a new namespace
-    /// `netns` whose host end `plane`'s apiserver serves on (`Options::also_serve_on`); waits
-    /// until the node is Ready.
-    pub fn start(plane: &mut ControlPlane, name: &str, netns: Netns) -> RealNode {
+    /// `netns` whose host end `plane`'s apiserver serves on (`Options::also_serve_on`), with
+    /// its pods on `pods`; waits until the node is Ready.
+    pub fn start(plane: &mut ControlPlane, name: &str, netns: Netns, pods: Pods) -> RealNode {
         let (_, parts) = built();
         let dir = plane.dir.join(name);
         std::fs::create_dir_all(&dir).expect("node dir");
@@ -160,6 +171,7 @@ impl RealNode {
             std::fs::write(&path, text).expect("writing a node file");
             path
         };
+        remove_stale_nodes();
         let tag = format!("{}-{}", std::process::id(), netns.ns_ip).replace(['.', ':'], "-");
         let cgroup_root = format!("/relaylet-node-{tag}");
         make_cgroup(&cgroup_root);
@@ -215,6 +227,23 @@ impl RealNode {
             all
         };
 
+        let pod_cidr = match &pods {
+            Pods::Private => "10.88.0.0/16".to_string(),
+            Pods::Routed(cidr) => {
+                netns.route_pods(cidr);
+                let port = plane
+                    .url
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .expect("the apiserver URL has a port");
+                netns.forward_service(
+                    (super::harness::SERVICE_IP, 443),
+                    std::net::SocketAddr::new(netns.host_ip, port),
+                );
+                cidr.clone()
+            }
+        };
         // containerd: its own root, state and socket under the node's directory.
         let sock = dir.join("containerd.sock");
         let cni_dir = dir.join("cni");
@@ -232,7 +261,10 @@ impl RealNode {
                     "ipMasq": false,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{ "subnet": "10.88.0.0/16" }]],
+                        "ranges": [[{ "subnet": pod_cidr }]],
+                        // A default route through the bridge: pods reach the namespace's
+                        // veth (and, routed, this machine) through their gateway.
+                        "routes": [{ "dst": "0.0.0.0/0" }],
                         "dataDir": dir.join("cni-ipam").display().to_string(),
                     },
                 }],
@@ -438,6 +470,16 @@ state = "{state}"
         );
     }
 
+    /// Imports an image archive (docker-archive or OCI) into the node's containerd, where
+    /// pods with `imagePullPolicy: Never` find it.
+    pub fn import_image(&self, archive: &Path) {
+        ctr(
+            &self.dir.join("containerd.sock"),
+            &["images", "import", &archive.display().to_string()],
+        )
+        .unwrap_or_else(|err| panic!("importing {}: {err}", archive.display()));
+    }
+
     /// The containerd version the node runs (`ctr version`'s server line).
     pub fn containerd_version(&self) -> String {
         let out = ctr(&self.dir.join("containerd.sock"), &["version"]).unwrap_or_default();
@@ -456,6 +498,29 @@ impl Drop for RealNode {
         self.leftovers.remove();
         self.containerd.kill();
         self.holder.kill();
+    }
+}
+
+/// Removes what nodes of test processes that are gone left (a test killed before its exit
+/// handlers ran): their pods' processes and their cgroups, `relaylet-node-<pid>-...`.
+fn remove_stale_nodes() {
+    let stale = hierarchies(false)
+        .into_iter()
+        .flat_map(|h| std::fs::read_dir(h).into_iter().flatten().flatten())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|name| {
+            name.strip_prefix("relaylet-node-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .collect::<std::collections::BTreeSet<_>>();
+    for name in stale {
+        Leftovers {
+            cgroup_root: format!("/{name}"),
+            mount_ns: None,
+        }
+        .remove();
     }
 }
 

@@ -20,6 +20,15 @@ use std::time::Duration;
 use super::harness::{self, ControlPlane, K8s, Options};
 
 pub const RELAYLET_NAMESPACE: &str = "relaylet";
+/// The root's real node, where the chart's pods run (`Setup::helm_replicas`).
+pub const ROOT_NODE: &str = "root-node";
+
+/// The root node's pod range: a /24 of 100.64.0.0/10 (shared address space, RFC 6598, never a
+/// host's here), picked from the pid so that concurrent test processes route apart.
+fn root_pod_cidr() -> String {
+    let pid = std::process::id();
+    format!("100.{}.{}.0/24", 64 + ((pid >> 8) & 0x3f), pid & 0xff)
+}
 
 /// How the clusters and relaylet are set up.
 pub struct Setup {
@@ -58,8 +67,13 @@ pub struct Setup {
     /// itself, as a 1.36+ kubelet does (1.37 leaves only).
     pub declaring_leaves: &'static [&'static str],
     /// Leaves whose node is a real kubelet with containerd ([`super::real_node`]) instead of a
-    /// leafkubelet (at most one per test process: its network namespace is named by the pid).
+    /// leafkubelet (at most one).
     pub real_node_leaves: &'static [&'static str],
+    /// relaylet as it ships, instead of replicas in this process (`replicas` must be 0): the
+    /// image built from the Dockerfile, installed with `helm install` (this many replicas, and
+    /// `chart_values`) onto a real root node ([`World::root_node`]) whose kube-scheduler places
+    /// the pods; each leaf's Secret names its apiserver as the pods reach it.
+    pub helm_replicas: usize,
 }
 
 impl Default for Setup {
@@ -80,6 +94,7 @@ impl Default for Setup {
             root_also_on: None,
             declaring_leaves: &[],
             real_node_leaves: &[],
+            helm_replicas: 0,
         }
     }
 }
@@ -95,6 +110,8 @@ pub struct Replica {
 pub struct World {
     /// The real nodes of `Setup::real_node_leaves`, by leaf; dropped before their clusters.
     pub real_nodes: BTreeMap<String, super::real_node::RealNode>,
+    /// The root's real node, where the chart's pods run (`Setup::helm_replicas`).
+    pub root_node: Option<super::real_node::RealNode>,
     pub root: ControlPlane,
     pub leaves: BTreeMap<String, ControlPlane>,
     /// Replicas by index; a stopped one is `None`.
@@ -138,7 +155,16 @@ impl World {
         } else {
             super::addresses::ReplicaAddresses::Loopback
         };
-        let root = ControlPlane::start(
+        let chart = setup.helm_replicas > 0;
+        assert!(
+            !chart || setup.replicas == 0,
+            "relaylet runs either as the chart's pods or in this process"
+        );
+        // The root node's namespace: the root apiserver and the leaf apiservers serve on its
+        // host end, where the chart's pods reach them.
+        let root_netns = chart.then(super::netns::Netns::create);
+        let pods_reach = root_netns.as_ref().map(|n| n.host_ip);
+        let mut root = ControlPlane::start(
             dir.path(),
             Options {
                 name: "root".into(),
@@ -146,27 +172,29 @@ impl World {
                 controller_manager: true,
                 verify_kubelet_certificates: setup.verify_kubelet_certificates,
                 version: setup.root_version,
-                also_serve_on: setup.root_also_on,
+                also_serve_on: setup.root_also_on.into_iter().chain(pods_reach).collect(),
             },
         );
-        // The root: relaylet's namespace, ServiceAccount and RBAC exactly as the chart renders.
         root.kubectl_ok(&["create", "namespace", RELAYLET_NAMESPACE]);
-        let mut show = vec![
-            "--show-only",
-            "templates/serviceaccount.yaml",
-            "--show-only",
-            "templates/rbac.yaml",
-        ];
         let sets = chart_sets(setup.chart_values);
-        show.extend(sets.iter().map(String::as_str));
-        let rendered = helm_template(&show);
-        root.kubectl_stdin_ok(&["apply", "-f", "-"], Some(&rendered));
+        if !chart {
+            // relaylet's ServiceAccount and RBAC exactly as the chart renders them.
+            let mut show = vec![
+                "--show-only",
+                "templates/serviceaccount.yaml",
+                "--show-only",
+                "templates/rbac.yaml",
+            ];
+            show.extend(sets.iter().map(String::as_str));
+            let rendered = helm_template(&show);
+            root.kubectl_stdin_ok(&["apply", "-f", "-"], Some(&rendered));
+        }
 
         let mut leaves = BTreeMap::new();
         let mut real_nodes = BTreeMap::new();
         assert!(
             setup.real_node_leaves.len() <= 1,
-            "one real node per test process"
+            "at most one real leaf node"
         );
         for name in setup.leaves {
             let real = setup.real_node_leaves.contains(name);
@@ -179,21 +207,49 @@ impl World {
                     controller_manager: false,
                     verify_kubelet_certificates: false,
                     version: setup.leaf_version,
-                    // The real node's kubelet reaches its apiserver on the host's end.
-                    also_serve_on: netns.as_ref().map(|n| n.host_ip),
+                    // The real node's kubelet reaches its apiserver on the host's end, and so
+                    // do the chart's pods on theirs.
+                    also_serve_on: netns
+                        .as_ref()
+                        .map(|n| n.host_ip)
+                        .into_iter()
+                        .chain(pods_reach)
+                        .collect(),
                 },
             );
             match netns {
                 Some(netns) => {
-                    let node =
-                        super::real_node::RealNode::start(&mut leaf, &leaf_node(name), netns);
+                    let node = super::real_node::RealNode::start(
+                        &mut leaf,
+                        &leaf_node(name),
+                        netns,
+                        super::real_node::Pods::Private,
+                    );
                     real_nodes.insert(name.to_string(), node);
                 }
                 None => leaf.add_kubelet(&leaf_node(name), setup.declaring_leaves.contains(name)),
             }
-            connect_leaf(dir.path(), &root, &leaf, name, &[]);
+            let server: Vec<String> = match pods_reach {
+                Some(ip) => vec![
+                    "--leaf-server".into(),
+                    leaf.url.replace("127.0.0.1", &ip.to_string()),
+                ],
+                None => Vec::new(),
+            };
+            connect_leaf(dir.path(), &root, &leaf, name, &server);
             leaves.insert(name.to_string(), leaf);
         }
+        let root_node = root_netns.map(|netns| {
+            let node = super::real_node::RealNode::start(
+                &mut root,
+                ROOT_NODE,
+                netns,
+                super::real_node::Pods::Routed(root_pod_cidr()),
+            );
+            root.start_scheduler(&super::real_node::built().1.join("kube-scheduler"));
+            node.import_image(crate::testkit::image::built());
+            node
+        });
 
         // relaylet's env from the rendered chart; what the downward API gives a pod is given
         // per replica, and all replicas share the kubelet port as pods do.
@@ -206,9 +262,13 @@ impl World {
         for (k, v) in setup.env {
             config_env.insert(k.to_string(), v.to_string());
         }
-        // relaylet's root identity: the chart's ServiceAccount.
-        let sa_token = relaylet_token(&root, &[]);
-        let root_kubeconfig = token_kubeconfig(&root, sa_token.trim());
+        // relaylet's root identity: the chart's ServiceAccount (the chart's pods have their own
+        // projected tokens).
+        let root_kubeconfig = if chart {
+            String::new()
+        } else {
+            token_kubeconfig(&root, relaylet_token(&root, &[]).trim())
+        };
         // Every replica has its Pod, Running at its address: with leader election relaylet
         // counts a replica only as a live pod its selector (the chart's) finds.
         let pod_uids: Vec<String> = (0..setup.replicas)
@@ -230,6 +290,7 @@ impl World {
             .expect("runtime");
         let world = World {
             real_nodes,
+            root_node,
             root,
             leaves,
             replicas: Mutex::new(Vec::new()),
@@ -245,6 +306,9 @@ impl World {
             let replica = world.start_replica(i);
             world.replicas.lock().expect("replicas").push(Some(replica));
         }
+        if chart {
+            world.helm_install(setup.helm_replicas, &sets);
+        }
         if setup.wait_for_nodes {
             world.wait_for_nodes(setup.leaves);
         }
@@ -256,6 +320,100 @@ impl World {
         for leaf in leaves {
             self.wait_for_node_ready(&virtual_node(leaf));
         }
+    }
+
+    /// `helm install` of the chart from the image imported into the root node, `replicas` pods
+    /// and `sets` (`--set` pairs) over its defaults; waits until the Deployment has rolled out
+    /// (its pods Running and Ready on the real kubelet).
+    fn helm_install(&self, replicas: usize, sets: &[String]) {
+        let mut args: Vec<String> = vec![
+            "install".into(),
+            "relaylet".into(),
+            repo().join("charts/relaylet").display().to_string(),
+            "--namespace".into(),
+            RELAYLET_NAMESPACE.into(),
+        ];
+        let (repository, tag) = crate::testkit::image::IMAGE
+            .rsplit_once(':')
+            .expect("the image has a tag");
+        for set in [
+            format!("image.repository={repository}"),
+            format!("image.tag={tag}"),
+            "image.pullPolicy=Never".to_string(),
+            format!("replicaCount={replicas}"),
+        ] {
+            args.extend(["--set".to_string(), set]);
+        }
+        args.extend(sets.iter().cloned());
+        self.helm(&args);
+        self.wait_for_rollout();
+    }
+
+    /// Runs helm with the root's admin kubeconfig; its stdout. Panics with its error.
+    pub fn helm(&self, args: &[String]) -> String {
+        let helm = relaylet_sim::tools::helm().expect("helm: run tests/tools/install.sh");
+        let out = Command::new(helm)
+            .args(args)
+            .env("KUBECONFIG", &self.root.admin_kubeconfig)
+            .output()
+            .expect("helm runs");
+        assert!(
+            out.status.success(),
+            "helm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until the chart's Deployment has rolled out: every replica updated, Running and
+    /// Ready. On a timeout, the pods and their events say why.
+    pub fn wait_for_rollout(&self) {
+        let out = Command::new(harness::kubectl_path())
+            .args([
+                "rollout",
+                "status",
+                "deployment/relaylet",
+                "-n",
+                RELAYLET_NAMESPACE,
+                "--timeout=180s",
+            ])
+            .env("KUBECONFIG", &self.root.admin_kubeconfig)
+            .output()
+            .expect("kubectl rollout status");
+        if !out.status.success() {
+            let pods = self
+                .root
+                .kubectl_ok(&["describe", "pods", "-n", RELAYLET_NAMESPACE]);
+            panic!(
+                "the chart's Deployment did not roll out: {}\n{pods}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    /// The chart's pods: (name, pod IP) of each Running one not being deleted.
+    pub fn chart_pods(&self) -> Vec<(String, String)> {
+        let out = self.root.kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            RELAYLET_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=relaylet",
+            "-o",
+            "jsonpath={range .items[?(@.status.phase==\"Running\")]}{.metadata.name} {.status.podIP} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+        ]);
+        out.lines()
+            .filter_map(|l| {
+                let mut parts = l.split_whitespace();
+                let name = parts.next()?;
+                let ip = parts.next()?;
+                parts
+                    .next()
+                    .is_none()
+                    .then(|| (name.to_string(), ip.to_string()))
+            })
+            .collect()
     }
 
     /// The address replica `i` listens on (its "pod IP").
