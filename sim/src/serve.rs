@@ -3,7 +3,7 @@
 //!
 //! Each connection is counted by who made it and its protocol ([`Connections`]). Each accepted
 //! connection gets the client certificate it presented (if any) as a
-//! [`PeerCert`] request extension, and a [`Stop`] token that fires when the server is stopped,
+//! [`PeerCert`] request extension, its client's address as a [`PeerAddr`], and a [`Stop`] token that fires when the server is stopped,
 //! so upgraded streams can end with their server (a stopped stand-in must look dead).
 
 use std::net::SocketAddr;
@@ -29,6 +29,11 @@ pub enum Http {
     /// streams per connection; HTTP/1.1 (and its upgrades) otherwise.
     H2OrHttp1 { max_streams: u32 },
 }
+
+/// The address a request's connection came from (a test tells clients on one machine apart
+/// by it, as `ss` would).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// The client certificate chain a caller presented during the TLS handshake (leaf first).
 #[derive(Clone, Debug, Default)]
@@ -107,7 +112,7 @@ pub fn serve_tls_with(
     let token = stop.clone();
     tokio::spawn(async move {
         loop {
-            let (tcp, _) = tokio::select! {
+            let (tcp, from) = tokio::select! {
                 _ = token.cancelled() => return,
                 accepted = listener.accept() => match accepted {
                     Ok(conn) => conn,
@@ -153,6 +158,7 @@ pub fn serve_tls_with(
                 let service =
                     hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                         req.extensions_mut().insert(peer.clone());
+                        req.extensions_mut().insert(PeerAddr(from));
                         req.extensions_mut().insert(stop.clone());
                         app.clone().oneshot(req)
                     });

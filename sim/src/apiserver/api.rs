@@ -23,7 +23,7 @@ use super::route::{self, ResourcePath, Target};
 use super::store::Store;
 use super::watch;
 use super::write::{self, Writer, field_manager};
-use crate::serve::{PeerCert, Stop};
+use crate::serve::{PeerAddr, PeerCert, Stop};
 
 /// Everything a request handler needs.
 pub struct App {
@@ -264,7 +264,15 @@ async fn resource(
         "watch" => {
             let watch = watch_request(&target, &query, render)?;
             let path = req.uri().path().to_string();
-            let body = watch::serve(app.store.clone(), watch, stop, &app.open_watches, &path);
+            let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
+            let body = watch::serve(
+                app.store.clone(),
+                watch,
+                stop,
+                &app.open_watches,
+                &path,
+                peer,
+            );
             Ok((
                 StatusCode::OK,
                 [(http::header::CONTENT_TYPE, "application/json")],

@@ -206,6 +206,11 @@ impl ApiServer {
         self.open_watches.matching(prefix)
     }
 
+    /// The client addresses (ip and port of each connection) that hold an open watch now.
+    pub fn watching_peers(&self) -> std::collections::BTreeSet<SocketAddr> {
+        self.open_watches.peers()
+    }
+
     /// While `on`, lists do not answer (a leaf too slow to list; they answer once it is
     /// off); gets, watches and `/readyz` work.
     pub fn stall_lists(&self, on: bool) {
