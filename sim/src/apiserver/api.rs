@@ -41,6 +41,8 @@ pub struct App {
     pub open_watches: watch::OpenWatches,
     /// While set, lists wait (a leaf too slow to list; everything else works).
     pub stall_lists: Arc<std::sync::atomic::AtomicBool>,
+    /// How often a watch that allows bookmarks gets one.
+    pub bookmark_every: std::time::Duration,
 }
 
 /// How many requests the server was sent, by method and path. Cheap to clone.
@@ -272,6 +274,7 @@ async fn resource(
                 &app.open_watches,
                 &path,
                 peer,
+                app.bookmark_every,
             );
             Ok((
                 StatusCode::OK,

@@ -94,6 +94,9 @@ pub struct ApiServerConfig {
     pub http2_max_streams_per_connection: u32,
     /// HTTP/1.1 only, h2 not offered by ALPN (kube-apiserver's `DisableHTTP2` serving option).
     pub disable_http2: bool,
+    /// How often a watch that allows bookmarks gets one ([`watch::BOOKMARK_EVERY`], about a
+    /// minute as upstream; a test of bookmarks themselves may shorten it).
+    pub bookmark_every: std::time::Duration,
 }
 
 /// kube-apiserver's stream limit per HTTP/2 connection when `--http2-max-streams-per-connection`
@@ -114,6 +117,7 @@ impl ApiServerConfig {
             kubelet: None,
             http2_max_streams_per_connection: HTTP2_MAX_STREAMS_PER_CONNECTION,
             disable_http2: false,
+            bookmark_every: watch::BOOKMARK_EVERY,
         }
     }
 }
@@ -170,6 +174,7 @@ impl ApiServer {
             requests: requests.clone(),
             open_watches: open_watches.clone(),
             stall_lists: stall_lists.clone(),
+            bookmark_every: cfg.bookmark_every,
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);
         // Like kube-apiserver: h2 by ALPN, HTTP/1.1 (and its upgrades) to clients that ask for it.

@@ -29,7 +29,7 @@ use super::store::{Change, Event, Store};
 /// watch cache sends them (k8s.io/apiserver storage/cacher, `defaultBookmarkFrequency`). Every
 /// 2 s, as here before, a fleet of watches cost its clients 30 times the CPU a real apiserver
 /// makes them spend.
-const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+pub const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 
 /// Upstream's default watch length when the client names none (its minimum request timeout).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -172,11 +172,12 @@ pub fn serve(
     open: &OpenWatches,
     path: &str,
     peer: Option<SocketAddr>,
+    bookmark_every: Duration,
 ) -> Body {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let counted = open.open(path, peer);
     tokio::spawn(async move {
-        run(store, Arc::new(watch), stop, tx).await;
+        run(store, Arc::new(watch), stop, tx, bookmark_every).await;
         drop(counted);
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
@@ -185,7 +186,13 @@ pub fn serve(
     Body::from_stream(stream)
 }
 
-async fn run(store: Store, watch: Arc<Watch>, stop: CancellationToken, tx: mpsc::Sender<Bytes>) {
+async fn run(
+    store: Store,
+    watch: Arc<Watch>,
+    stop: CancellationToken,
+    tx: mpsc::Sender<Bytes>,
+    bookmark_every: Duration,
+) {
     let mut latest = store.subscribe_kind(watch.kind);
     // Capped, so an absurd timeoutSeconds cannot overflow the clock.
     let deadline =
@@ -205,7 +212,7 @@ async fn run(store: Store, watch: Arc<Watch>, stop: CancellationToken, tx: mpsc:
             rv
         }
     };
-    let mut bookmark_timer = tokio::time::interval(BOOKMARK_EVERY);
+    let mut bookmark_timer = tokio::time::interval(bookmark_every);
     bookmark_timer.tick().await;
     loop {
         match store.events_since(cursor) {
