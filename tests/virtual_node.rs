@@ -1541,7 +1541,7 @@ async fn two_installs_share_a_root_cluster_without_touching_each_others_nodes() 
     .expect("test timed out");
 }
 
-/// A Node deleted by hand is back at once, from the watch, not at the next heartbeat (60 s):
+/// A Node deleted by hand is back at once, from the watch, not at the next heartbeat (5 min):
 /// before the node Lease's next renewal (every 10 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_virtual_node_is_restored_from_the_watch() {

@@ -118,7 +118,7 @@ async fn bench_smoke_prints_every_figure_as_json() {
 
 /// `bench --smoke --only fleet`: a fleet of four sim leaves, every fleet figure as a JSON line
 /// with a value that can be one (times, memory and writes positive, the replica share at least
-/// the even share), and the target lines after.
+/// the even share, one replica watching each leaf), and the target lines after.
 #[tokio::test]
 async fn fleet_smoke_prints_every_fleet_figure() {
     let (stdout, _) = bench(
@@ -147,6 +147,10 @@ async fn fleet_smoke_prints_every_fleet_figure() {
         assert!(value(name) > 0.0, "{name} in {stdout}");
     }
     assert!(value("fleet_max_replica_share_vs_even") >= 1.0, "{stdout}");
+    // Counted from the leaf apiservers' open watches by client address: once the Nodes are
+    // spread, each leaf is watched by exactly the replica that serves it (0 would mean the
+    // watches were not matched to any replica, above 1 a leaf watched twice).
+    assert_eq!(value("fleet_replicas_watching_each_leaf"), 1.0, "{stdout}");
     assert!(
         stdout.contains("fleet_memory_per_leaf_pod <= 1024 B:"),
         "{stdout}"

@@ -8,6 +8,7 @@
 pub mod apiserver;
 pub mod channel;
 pub mod cluster;
+pub mod connections;
 pub mod kubelet;
 pub mod kubelet_proxy;
 pub mod metrics_server;

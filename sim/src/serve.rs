@@ -1,7 +1,9 @@
-//! Serving an axum router over HTTPS with HTTP/1.1 upgrades, the way every stand-in listens.
+//! Serving an axum router over HTTPS with HTTP/1.1 upgrades, the way every stand-in listens;
+//! an apiserver also speaks HTTP/2 to a client that asks for it by ALPN, as kube-apiserver does.
 //!
-//! Each accepted connection gets the client certificate it presented (if any) as a
-//! [`PeerCert`] request extension, and a [`Stop`] token that fires when the server is stopped,
+//! Each connection is counted by who made it and its protocol ([`Connections`]). Each accepted
+//! connection gets the client certificate it presented (if any) as a
+//! [`PeerCert`] request extension, its client's address as a [`PeerAddr`], and a [`Stop`] token that fires when the server is stopped,
 //! so upgraded streams can end with their server (a stopped stand-in must look dead).
 
 use std::net::SocketAddr;
@@ -15,6 +17,23 @@ use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
+
+use crate::connections::Connections;
+
+/// The HTTP versions a server speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Http {
+    /// HTTP/1.1 only (the kubelet stand-in's streaming API; ALPN offers `http/1.1`).
+    Http1,
+    /// HTTP/2 when the client offers `h2` by ALPN, with at most `max_streams` concurrent
+    /// streams per connection; HTTP/1.1 (and its upgrades) otherwise.
+    H2OrHttp1 { max_streams: u32 },
+}
+
+/// The address a request's connection came from (a test tells clients on one machine apart
+/// by it, as `ss` would).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// The client certificate chain a caller presented during the TLS handshake (leaf first).
 #[derive(Clone, Debug, Default)]
@@ -35,12 +54,18 @@ pub struct Stop(pub CancellationToken);
 pub struct Served {
     pub addr: SocketAddr,
     stop: CancellationToken,
+    connections: Connections,
 }
 
 impl Served {
     /// Stops accepting and cuts every open connection, upgraded ones included.
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+
+    /// The connections this server accepted and has open.
+    pub fn connections(&self) -> &Connections {
+        &self.connections
     }
 
     /// A token that fires when this server stops.
@@ -55,8 +80,30 @@ impl Drop for Served {
     }
 }
 
-/// Serves `app` over TLS on `listener` until the returned handle is stopped or dropped.
+/// Serves `app` over TLS on `listener`, HTTP/1.1 only, until the returned handle is stopped or
+/// dropped.
 pub fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router) -> Served {
+    serve_tls_with(listener, tls, app, Http::Http1)
+}
+
+/// Serves `app` over TLS on `listener` speaking `http` until the returned handle is stopped or
+/// dropped. With [`Http::H2OrHttp1`] the server offers `h2` before `http/1.1` by ALPN.
+pub fn serve_tls_with(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    http: Http,
+) -> Served {
+    let tls = match http {
+        Http::Http1 => tls,
+        Http::H2OrHttp1 { .. } => {
+            let mut both = (*tls).clone();
+            both.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            Arc::new(both)
+        }
+    };
+    let connections = Connections::default();
+    let counted = connections.clone();
     let addr = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -65,7 +112,7 @@ pub fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Rou
     let token = stop.clone();
     tokio::spawn(async move {
         loop {
-            let (tcp, _) = tokio::select! {
+            let (tcp, from) = tokio::select! {
                 _ = token.cancelled() => return,
                 accepted = listener.accept() => match accepted {
                     Ok(conn) => conn,
@@ -80,6 +127,7 @@ pub fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Rou
             let acceptor = acceptor.clone();
             let app = app.clone();
             let token = token.clone();
+            let counted = counted.clone();
             tokio::spawn(async move {
                 let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp));
                 let tls = match handshake.await {
@@ -94,19 +142,46 @@ pub fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Rou
                     PeerCert(tls.get_ref().1.peer_certificates().map(|chain| {
                         Arc::new(chain.iter().map(|c| c.clone().into_owned()).collect())
                     }));
+                let session = tls.get_ref().1;
+                let user = session
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|der| crate::tls::cert_user(der).ok())
+                    .map(|u| u.name)
+                    .unwrap_or_default();
+                let alpn = session
+                    .alpn_protocol()
+                    .map(|p| String::from_utf8_lossy(p).into_owned())
+                    .unwrap_or_default();
+                let _open = counted.accepted(&user, &alpn);
                 let stop = Stop(token.clone());
                 let service =
                     hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                         req.extensions_mut().insert(peer.clone());
+                        req.extensions_mut().insert(PeerAddr(from));
                         req.extensions_mut().insert(stop.clone());
                         app.clone().oneshot(req)
                     });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), service)
-                    .with_upgrades();
+                let io = TokioIo::new(tls);
+                let served: std::pin::Pin<
+                    Box<dyn Future<Output = Result<(), hyper::Error>> + Send>,
+                > = match http {
+                    Http::H2OrHttp1 { max_streams } if alpn == "h2" => Box::pin(
+                        hyper::server::conn::http2::Builder::new(
+                            hyper_util::rt::TokioExecutor::new(),
+                        )
+                        .max_concurrent_streams(max_streams)
+                        .serve_connection(io, service),
+                    ),
+                    _ => Box::pin(
+                        hyper::server::conn::http1::Builder::new()
+                            .serve_connection(io, service)
+                            .with_upgrades(),
+                    ),
+                };
                 tokio::select! {
                     _ = token.cancelled() => {}
-                    result = conn => {
+                    result = served => {
                         if let Err(err) = result {
                             tracing::debug!(%err, "connection ended with error");
                         }
@@ -115,5 +190,9 @@ pub fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Rou
             });
         }
     });
-    Served { addr, stop }
+    Served {
+        addr,
+        stop,
+        connections,
+    }
 }

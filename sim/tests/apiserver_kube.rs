@@ -544,7 +544,10 @@ async fn raw_watches_report_gone_bookmarks_and_selector_transitions() {
     use kube::api::{WatchEvent, WatchParams};
 
     let ca = Arc::new(Ca::new("sim").unwrap());
-    let api = start(ca, None, None).await;
+    // Bookmarks within a step, not the minute upstream waits.
+    let mut cfg = ApiServerConfig::new("sim", ca);
+    cfg.bookmark_every = Duration::from_secs(1);
+    let api = ApiServer::start(cfg).await.unwrap();
     let client = client(&api, "admin").await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     cms.create(&PostParams::default(), &cm("old", "0"))

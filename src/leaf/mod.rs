@@ -53,9 +53,11 @@ fn stream_client(
     sources: Sources,
     spare: bool,
 ) -> Result<Client, kube::Error> {
-    use kube::client::ConfigExt;
+    use crate::ops::api_client::{Alpn, https_connector};
+    // HTTP/1.1 only, said by ALPN: exec, attach and port-forward are HTTP/1.1 upgrades, and the
+    // spare connection must be one a session can upgrade.
     let https = WarmConnector::new(
-        config.rustls_https_connector_with_connector(dialer)?,
+        https_connector(config, dialer, Alpn::Http1)?,
         sources,
         spare,
     );
@@ -235,6 +237,7 @@ impl Leaf {
                 &config,
                 dialer.clone(),
                 Some(read_limits(name, metrics)),
+                crate::ops::api_client::LEAF_CONNECTIONS,
             )
             .map_err(client_err)?,
             stream_client: stream_client(

@@ -1,23 +1,33 @@
 //! The kube client relaylet makes ordinary API calls with, to the root cluster and to each leaf:
 //! kube's own stack (connect, read and write timeouts, retries of server errors, auth, headers)
-//! on a connector of relaylet's choosing, with a connection pool that gives connections back.
-//! The leaf's stream client puts the same stack on an HTTP client of its own (`over`).
+//! on a connector of relaylet's choosing, over a pool of connections that relaylet spreads its
+//! HTTP/2 streams over itself (`ops::conn_pool`). The leaf's stream client puts the same stack
+//! on an HTTP/1.1-only client of its own (`over`, and `https_connector` with `Alpn::Http1`).
 //! A leaf's API client reads its answers within `read_limits` (a leaf is not trusted); the
 //! root's and the stream client's bodies pass unchanged.
 //!
-//! Each watch holds an HTTP/1.1 connection of its own, and a burst of concurrent calls (every
-//! leaf writing its virtual Node at once when leaf pods come or go) opens one connection per call.
-//! hyper's pool keeps every one of them idle for 90 s, each with its TLS state and buffers
-//! (`relaylet-dev bench --only fleet`, 100 leaves: while 10,000 leaf pods came and went, the
-//! root pool grew from 223 to 294 connections and kept them; the heap in use stayed 3.9 MB above
-//! its start after the pods were deleted, 0.6 MB with this pool). The pool here keeps a few idle
-//! connections per host and closes the rest as they come back; the next burst dials again.
+//! The API clients offer h2 and http/1.1 by ALPN. Over h2 every watch and call is a stream on
+//! one of a few connections, so the root connections no longer grow with the leaves (over
+//! HTTP/1.1 each of the ~2 root watches per virtual node held a connection of its own).
+//! Against a server that speaks HTTP/1.1 only, each watch holds a connection of its own, and a
+//! burst of concurrent calls (every leaf writing its virtual Node at once when leaf pods come
+//! or go) opens one connection per call. hyper's pool keeps every one of them idle for 90 s,
+//! each with its TLS state and buffers (`relaylet-dev bench --only fleet`, 100 leaves: while
+//! 10,000 leaf pods came and went, the root pool grew from 223 to 294 connections and kept
+//! them; the heap in use stayed 3.9 MB above its start after the pods were deleted, 0.6 MB with
+//! this pool). The pool here keeps a few idle connections per host and closes the rest as they
+//! come back; the next burst dials again.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use kube::Client;
 use kube::client::ConfigExt;
-use tower::Service;
+use tower::{BoxError, Service};
 
+use crate::ops::conn_pool::{Budget, ConnPool};
 use crate::ops::read_limits::{ReadLimitLayer, ReadLimits};
 
 /// Idle connections kept per host; more are closed when they come back to the pool.
@@ -27,14 +37,65 @@ const MAX_IDLE_PER_HOST: usize = 4;
 /// (`relaylet-dev bench --only fleet`: with 30 leaves, 1.2-2.4 KiB of RSS per leaf pod instead
 /// of ~0.9).
 const MAX_READ_BUFFER: usize = 16 * 1024;
+/// Streams per connection before the pool opens another. kube-apiserver allows 100 concurrent
+/// streams per HTTP/2 connection unless `--http2-max-streams-per-connection` says otherwise
+/// (k8s.io/apiserver v0.37.2, pkg/server/secure_serving.go: when the flag is 0 it sets
+/// `MaxConcurrentStreams = 100` explicitly, not Go's default of 250); 20 are left free for
+/// short calls on a connection full of watches.
+pub const STREAMS_PER_CONNECTION: usize = 80;
+/// The most HTTP/2 connections to the root apiserver: 1,280 streams, two watches for each of
+/// 640 virtual nodes, before calls share the least busy connection.
+pub const ROOT_CONNECTIONS: usize = 16;
+/// The most HTTP/2 connections of a leaf's API client (about three watches per leaf).
+pub const LEAF_CONNECTIONS: usize = 2;
+/// HTTP/2 flow-control windows: how much a server may send on one stream, and on one
+/// connection, before relaylet has read it. hyper's defaults (2 MiB and 5 MiB) would let a leaf
+/// park 5 MiB per connection in relaylet's memory; every answer is read as it comes, so small
+/// windows cost nothing but bound that (the HTTP/1.1 counterpart is `MAX_READ_BUFFER`).
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// HTTP/2 PINGs on a quiet connection: a dead peer is found, and a healthy quiet connection is
+/// not taken for dead by the read timeout.
+const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
+
+/// The application protocols a client offers by ALPN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alpn {
+    /// HTTP/1.1 only: upgrades (exec, attach, port-forward) need it.
+    Http1,
+    /// h2 if the server takes it, else HTTP/1.1.
+    H2OrHttp1,
+}
 
 /// A client for `config`'s cluster over `dialer` (TCP, or a leaf's proxy), reading answers
-/// within `limits` if given. Proxies are the dialer's business: `config.proxy_url` is not read
-/// here.
+/// within `limits` if given, over at most `connections` HTTP/2 connections. Proxies are the
+/// dialer's business: `config.proxy_url` is not read here.
 pub fn build<D>(
     config: &kube::Config,
     dialer: D,
     limits: Option<ReadLimits>,
+    connections: usize,
+) -> Result<Client, kube::Error>
+where
+    D: Service<http::Uri> + Clone + Send + Sync + 'static,
+    D::Response: Connection + hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+    D::Future: Send + 'static,
+    D::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let budget = Budget {
+        streams_per_connection: STREAMS_PER_CONNECTION,
+        connections,
+    };
+    build_within(config, dialer, limits, budget)
+}
+
+/// [`build`] with the pool's `budget` given (a test uses a small one against a server with a
+/// small stream limit).
+pub fn build_within<D>(
+    config: &kube::Config,
+    dialer: D,
+    limits: Option<ReadLimits>,
+    budget: Budget,
 ) -> Result<Client, kube::Error>
 where
     D: Service<http::Uri> + Clone + Send + Sync + 'static,
@@ -43,28 +104,70 @@ where
     D::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut https =
-        hyper_timeout::TimeoutConnector::new(config.rustls_https_connector_with_connector(dialer)?);
+        hyper_timeout::TimeoutConnector::new(https_connector(config, dialer, Alpn::H2OrHttp1)?);
     https.set_connect_timeout(config.connect_timeout);
     https.set_read_timeout(config.read_timeout);
     https.set_write_timeout(config.write_timeout);
     https.set_reset_reader_on_write(config.reset_reader_on_write);
-    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+    let mut builder =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new());
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
         .http1_max_buf_size(MAX_READ_BUFFER)
         .pool_max_idle_per_host(MAX_IDLE_PER_HOST)
-        .build::<_, kube::client::Body>(https);
-    over(config, hyper, limits)
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+        .http2_initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .http2_keep_alive_interval(H2_KEEP_ALIVE)
+        .http2_keep_alive_while_idle(true);
+    over(config, ConnPool::new(builder, https, budget), limits)
+}
+
+/// kube's rustls connector for `config` (its CA, client certificate, `tls-server-name`,
+/// `insecure-skip-tls-verify`) on `dialer`, offering `alpn` (kube's own offers none).
+pub fn https_connector<D>(
+    config: &kube::Config,
+    dialer: D,
+    alpn: Alpn,
+) -> Result<hyper_rustls::HttpsConnector<D>, kube::Error> {
+    let mut tls = config.rustls_client_config()?;
+    tls.alpn_protocols = match alpn {
+        Alpn::Http1 => vec![b"http/1.1".to_vec()],
+        Alpn::H2OrHttp1 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+    };
+    let resolver: Arc<dyn hyper_rustls::ResolveServerName + Send + Sync> =
+        match config.tls_server_name.as_deref() {
+            Some(name) => {
+                let name =
+                    rustls_pki_types::ServerName::try_from(name.to_string()).map_err(|e| {
+                        kube::Error::Service(format!("tls-server-name {name:?}: {e}").into())
+                    })?;
+                Arc::new(hyper_rustls::FixedServerNameResolver::new(name))
+            }
+            None => Arc::new(hyper_rustls::DefaultServerNameResolver::default()),
+        };
+    Ok(hyper_rustls::HttpsConnector::new(
+        dialer, tls, false, resolver,
+    ))
 }
 
 /// kube's stack for `config` (its base URI, retries of server errors when `default_retry`,
-/// auth, extra headers) on `hyper`, the HTTP client the caller built; answers are read within
+/// auth, extra headers) on `http`, the HTTP client the caller built; answers are read within
 /// `limits` if given.
-pub fn over<C>(
+pub fn over<S, B>(
     config: &kube::Config,
-    hyper: hyper_util::client::legacy::Client<C, kube::client::Body>,
+    http: S,
     limits: Option<ReadLimits>,
 ) -> Result<Client, kube::Error>
 where
-    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+    S: Service<http::Request<kube::client::Body>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: std::error::Error + Send + Sync + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
 {
     let retry = config
         .default_retry
@@ -76,7 +179,7 @@ where
         .layer(config.extra_headers_layer()?)
         .map_err(tower::BoxError::from)
         .layer(ReadLimitLayer(limits))
-        .service(hyper);
+        .service(http);
     Ok(Client::new(service, config.default_namespace.clone()))
 }
 
@@ -91,7 +194,8 @@ pub async fn root() -> anyhow::Result<Client> {
     root_from(&config)
 }
 
-fn root_from(config: &kube::Config) -> anyhow::Result<Client> {
+/// The root cluster's client for `config` (what [`root`] builds from the inferred config).
+pub fn root_from(config: &kube::Config) -> anyhow::Result<Client> {
     if config.proxy_url.is_some() {
         anyhow::bail!(
             "a proxy for the root cluster (proxy-url or HTTPS_PROXY) is not supported: relaylet \
@@ -101,7 +205,8 @@ fn root_from(config: &kube::Config) -> anyhow::Result<Client> {
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     // The root is trusted: its answers are not limited here.
-    build(config, tcp, None).map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
+    build(config, tcp, None, ROOT_CONNECTIONS)
+        .map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
 }
 
 #[cfg(test)]

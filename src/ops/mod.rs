@@ -2,6 +2,7 @@
 //!
 //! - Connections: `listener` (accepting until shutdown), `read_ahead` (large reads under TLS),
 //!   `api_client` (the kube client of ordinary calls to the root and to each leaf),
+//!   `conn_pool` (the few HTTP/2 connections those calls and watches share),
 //!   `read_limits` (how much of one leaf answer is read).
 //! - Caps: `limits` (connections, sessions and log streams against the configured caps),
 //!   `proven` (the certificate callers authorized lately, who skip the small budget),
@@ -13,6 +14,7 @@
 //! It uses only `config` and `model`.
 
 pub mod api_client;
+pub mod conn_pool;
 pub mod health;
 pub mod limits;
 pub mod listener;

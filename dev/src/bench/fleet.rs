@@ -13,8 +13,8 @@
 //!   apiserver's Node and node-Lease writes per leaf per minute beside a kubelet's defaults, and
 //!   what the window adds to RSS;
 //! - after it, each replica's established TCP connections to the root apiserver and to the
-//!   leaf apiservers (read from `/proc`, see `sockets`), and how many replicas hold a connection
-//!   to each leaf apiserver (the mean over leaves);
+//!   leaf apiservers (read from `/proc`, see `sockets`), and how many replicas hold an open
+//!   watch on each leaf apiserver (the mean over leaves);
 //! - its memory per leaf pod: leaf-local pods (each with a 4 KiB annotation and a CPU request)
 //!   are created across the leaves; once every virtual Node's allocatable shows them (relaylet
 //!   has seen them all), RSS over the RSS just before they were created, per pod of the leaves
@@ -337,7 +337,9 @@ async fn measure(
 
 /// Connections after Ready and the idle window: each replica's to the root apiserver and to
 /// the leaf apiservers (established TCP connections, counted from `/proc`), and how many
-/// replicas hold any connection to each leaf.
+/// replicas hold an open watch on each leaf (a leaf apiserver's watches by client address,
+/// matched with each replica's local addresses; a spare connection kept warm for sessions
+/// holds no watch and does not count).
 fn connections(
     fleet: &Fleet,
     replicas: &[Replica],
@@ -346,6 +348,11 @@ fn connections(
 ) -> anyhow::Result<()> {
     let root = fleet.root_addr()?;
     let leaves = fleet.leaf_addrs()?;
+    let watchers: Vec<_> = fleet
+        .leaves
+        .iter()
+        .map(|l| l.api.watching_peers())
+        .collect();
     let mut watching = vec![0usize; leaves.len()];
     for (i, r) in replicas.iter().enumerate() {
         let established = sockets::established(r.pid)?;
@@ -370,8 +377,11 @@ fn connections(
             leaf_total as f64 / served[i].max(1) as f64,
             "connections",
         );
-        for (w, addr) in watching.iter_mut().zip(&leaves) {
-            if to_leaves.get(addr).is_some_and(|n| *n > 0) {
+        for ((w, addr), peers) in watching.iter_mut().zip(&leaves).zip(&watchers) {
+            if established
+                .iter()
+                .any(|c| c.remote == *addr && peers.contains(&c.local))
+            {
                 *w += 1;
             }
         }

@@ -23,7 +23,7 @@ use super::route::{self, ResourcePath, Target};
 use super::store::Store;
 use super::watch;
 use super::write::{self, Writer, field_manager};
-use crate::serve::{PeerCert, Stop};
+use crate::serve::{PeerAddr, PeerCert, Stop};
 
 /// Everything a request handler needs.
 pub struct App {
@@ -41,6 +41,8 @@ pub struct App {
     pub open_watches: watch::OpenWatches,
     /// While set, lists wait (a leaf too slow to list; everything else works).
     pub stall_lists: Arc<std::sync::atomic::AtomicBool>,
+    /// How often a watch that allows bookmarks gets one.
+    pub bookmark_every: std::time::Duration,
 }
 
 /// How many requests the server was sent, by method and path. Cheap to clone.
@@ -264,7 +266,16 @@ async fn resource(
         "watch" => {
             let watch = watch_request(&target, &query, render)?;
             let path = req.uri().path().to_string();
-            let body = watch::serve(app.store.clone(), watch, stop, &app.open_watches, &path);
+            let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
+            let body = watch::serve(
+                app.store.clone(),
+                watch,
+                stop,
+                &app.open_watches,
+                &path,
+                peer,
+                app.bookmark_every,
+            );
             Ok((
                 StatusCode::OK,
                 [(http::header::CONTENT_TYPE, "application/json")],

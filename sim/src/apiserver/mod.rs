@@ -89,7 +89,20 @@ pub struct ApiServerConfig {
     pub tokens: Vec<(String, UserInfo)>,
     /// How to reach kubelets (None: kubelet calls answer 503).
     pub kubelet: Option<crate::kubelet_proxy::KubeletClient>,
+    /// The most concurrent streams a client may open on one HTTP/2 connection
+    /// (`--http2-max-streams-per-connection`).
+    pub http2_max_streams_per_connection: u32,
+    /// HTTP/1.1 only, h2 not offered by ALPN (kube-apiserver's `DisableHTTP2` serving option).
+    pub disable_http2: bool,
+    /// How often a watch that allows bookmarks gets one ([`watch::BOOKMARK_EVERY`], about a
+    /// minute as upstream; a test of bookmarks themselves may shorten it).
+    pub bookmark_every: std::time::Duration,
 }
+
+/// kube-apiserver's stream limit per HTTP/2 connection when `--http2-max-streams-per-connection`
+/// is not set: k8s.io/apiserver v0.37.2, pkg/server/secure_serving.go sets
+/// `MaxConcurrentStreams = 100` explicitly (Go's own default would be 250).
+pub const HTTP2_MAX_STREAMS_PER_CONNECTION: u32 = 100;
 
 impl ApiServerConfig {
     /// A server named `name` on a free loopback port, with no rules beyond upstream's
@@ -102,6 +115,9 @@ impl ApiServerConfig {
             policy: Policy::default(),
             tokens: Vec::new(),
             kubelet: None,
+            http2_max_streams_per_connection: HTTP2_MAX_STREAMS_PER_CONNECTION,
+            disable_http2: false,
+            bookmark_every: watch::BOOKMARK_EVERY,
         }
     }
 }
@@ -158,9 +174,18 @@ impl ApiServer {
             requests: requests.clone(),
             open_watches: open_watches.clone(),
             stall_lists: stall_lists.clone(),
+            bookmark_every: cfg.bookmark_every,
         });
         let router = axum::Router::new().fallback(api::handle).with_state(app);
-        let served = crate::serve::serve_tls(listener, tls, router);
+        // Like kube-apiserver: h2 by ALPN, HTTP/1.1 (and its upgrades) to clients that ask for it.
+        let http = if cfg.disable_http2 {
+            crate::serve::Http::Http1
+        } else {
+            crate::serve::Http::H2OrHttp1 {
+                max_streams: cfg.http2_max_streams_per_connection,
+            }
+        };
+        let served = crate::serve::serve_tls_with(listener, tls, router, http);
         tracing::info!(name = %cfg.name, %addr, "API server listening");
         Ok(ApiServer {
             addr,
@@ -184,6 +209,11 @@ impl ApiServer {
     /// watch of a kind is one.
     pub fn open_watches(&self, prefix: &str) -> u64 {
         self.open_watches.matching(prefix)
+    }
+
+    /// The client addresses (ip and port of each connection) that hold an open watch now.
+    pub fn watching_peers(&self) -> std::collections::BTreeSet<SocketAddr> {
+        self.open_watches.peers()
     }
 
     /// While `on`, lists do not answer (a leaf too slow to list; they answer once it is
@@ -211,6 +241,12 @@ impl ApiServer {
     /// The store behind the server, for direct typed or JSON access.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The connections this server accepted and has open, by client certificate user and ALPN
+    /// protocol (an upgraded HTTP/1.1 connection counts as open until it is handed over).
+    pub fn connections(&self) -> &crate::connections::Connections {
+        self.served.connections()
     }
 
     /// Stops accepting and cuts every open connection, watches included.

@@ -453,9 +453,14 @@ impl World {
             .expect("the chart's env is a valid configuration");
         let shutdown = relaylet::ops::shutdown::Shutdown::default();
         let running = self.runtime.block_on(async {
-            let client = crate::sandbox::kube_client(self.replica_kubeconfig(i))
+            // The root client `relaylet serve` builds (HTTP/2 to the real apiserver).
+            let kubeconfig = kube::config::Kubeconfig::from_yaml(self.replica_kubeconfig(i))
+                .expect("root kubeconfig");
+            let root = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
-                .expect("root client");
+                .expect("root config");
+            let client =
+                relaylet::ops::api_client::root_from(&root).expect("relaylet's root client");
             relaylet::start(config, client, shutdown.clone())
                 .await
                 .expect("relaylet starts")
