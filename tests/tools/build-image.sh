@@ -224,15 +224,17 @@ fi
 
 # --- the image -----------------------------------------------------------------------------------
 # The build stage downloads crates from crates.io (host network). It uses a registry cache of
-# its own, seeded once from the host's, so it never races a cargo on the host for the same
-# files.
+# its own, so it never races a cargo on the host for the same files, refreshed from the host's
+# on every build: crates the host's cargo fetched since the last build (a new dependency; .ci/run
+# runs clippy first) are then found here, and the build stage goes to the network only for what
+# the host never fetched. (Its base trusts Debian's CAs only, so behind a TLS-inspecting proxy
+# that fetch fails: "SSL certificate problem: self-signed certificate in certificate chain".)
 registry="$cache/cargo-registry"
-if [ ! -d "$registry" ] && [ -d "${CARGO_HOME:-$HOME/.cargo}/registry" ]; then
-  mkdir -p "$registry.tmp"
-  cp -a "${CARGO_HOME:-$HOME/.cargo}/registry/index" "${CARGO_HOME:-$HOME/.cargo}/registry/cache" "$registry.tmp/" 2>/dev/null || true
-  mv "$registry.tmp" "$registry"
-fi
+host_registry="${CARGO_HOME:-$HOME/.cargo}/registry"
 mkdir -p "$registry"
+if [ -d "$host_registry" ]; then
+  cp -a -u "$host_registry/index" "$host_registry/cache" "$registry/" 2>/dev/null || true
+fi
 say "podman build -t $image --build-arg VERSION=$crate_version ($root)"
 start=$SECONDS
 log="$cache/build.log"
