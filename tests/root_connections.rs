@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{AttachParams, ListParams, PostParams, WatchEvent, WatchParams};
@@ -122,26 +121,6 @@ fn leaf_node(name: &str) -> Node {
     .expect("leaf node JSON")
 }
 
-/// The labelled kubeconfig Secret that registers `leaf` as leaf `name`.
-fn leaf_secret(leaf: &Cluster, name: &str) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(format!("leaf-{name}")),
-            namespace: Some(NAMESPACE.to_string()),
-            labels: Some(BTreeMap::from([(
-                relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
-                name.to_string(),
-            )])),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            relaylet::leaf::KUBECONFIG_KEY.to_string(),
-            ByteString(leaf.admin_kubeconfig().expect("kubeconfig").into_bytes()),
-        )])),
-        ..Default::default()
-    }
-}
-
 /// Leaf `name` with a kubelet-less Ready node `a`, registered with relaylet through `root`.
 async fn add_leaf(root: &Cluster, name: &str) -> Cluster {
     let leaf = Cluster::start(ClusterOptions::new(name))
@@ -153,7 +132,11 @@ async fn add_leaf(root: &Cluster, name: &str) -> Cluster {
         .expect("leaf node");
     root.api
         .store()
-        .create_typed(&leaf_secret(&leaf, name))
+        .create_typed(&relaylet_dev::sandbox::leaf_secret(
+            NAMESPACE,
+            name,
+            &leaf.admin_kubeconfig().expect("kubeconfig"),
+        ))
         .expect("leaf secret");
     leaf
 }
@@ -368,43 +351,14 @@ async fn the_pool_spreads_watches_over_connections_within_the_servers_stream_lim
         relaylet::ops::api_client::build_within(&kube_config(&kubeconfig).await, tcp, None, budget)
             .expect("client");
     let maps: Api<ConfigMap> = Api::namespaced(client, "default");
-    let mut streams = Vec::new();
-    for i in 0..WATCHES {
-        let stream =
-            tokio::time::timeout(HANG, maps.watch(&WatchParams::default().timeout(290), "0"))
-                .await
-                .unwrap_or_else(|_| panic!("watch {i} did not start"))
-                .expect("watch");
-        streams.push(stream.boxed());
-    }
+    let mut streams = open_watches(&maps, WATCHES).await;
     // Ordinary calls while every watch is open.
     let list = tokio::time::timeout(HANG, maps.list(&ListParams::default()))
         .await
         .expect("list did not complete")
         .expect("list");
     assert!(list.items.is_empty());
-    let map = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("seen".to_string()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    tokio::time::timeout(HANG, maps.create(&PostParams::default(), &map))
-        .await
-        .expect("create did not complete")
-        .expect("create");
-    for (i, stream) in streams.iter_mut().enumerate() {
-        let event = tokio::time::timeout(HANG, stream.try_next())
-            .await
-            .unwrap_or_else(|_| panic!("watch {i} got no event"))
-            .expect("watch event")
-            .expect("watch open");
-        match event {
-            WatchEvent::Added(m) => assert_eq!(m.metadata.name.as_deref(), Some("seen")),
-            other => panic!("watch {i}: {other:?}"),
-        }
-    }
+    every_watch_sees_a_new_map(&maps, &mut streams).await;
     let open = api.connections().open_with("watcher", "h2");
     assert_eq!(open, WATCHES / 4 + 1, "connections the server sees");
 }
@@ -427,8 +381,22 @@ async fn the_pool_falls_back_to_http1_where_the_server_offers_no_h2() {
     let client = relaylet::ops::api_client::build(&kube_config(&kubeconfig).await, tcp, None, 16)
         .expect("client");
     let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+    let mut streams = open_watches(&maps, WATCHES).await;
+    every_watch_sees_a_new_map(&maps, &mut streams).await;
+    let seen = api.connections().accepted_by("watcher");
+    assert_eq!(seen.get("h2"), None, "{seen:?}");
+    assert!(
+        api.connections().open_with("watcher", "http/1.1") >= WATCHES,
+        "{seen:?}"
+    );
+}
+
+type Watch = futures::stream::BoxStream<'static, kube::Result<WatchEvent<ConfigMap>>>;
+
+/// `n` watches of ConfigMaps, each open before the next starts.
+async fn open_watches(maps: &Api<ConfigMap>, n: usize) -> Vec<Watch> {
     let mut streams = Vec::new();
-    for i in 0..WATCHES {
+    for i in 0..n {
         let stream =
             tokio::time::timeout(HANG, maps.watch(&WatchParams::default().timeout(290), "0"))
                 .await
@@ -436,6 +404,11 @@ async fn the_pool_falls_back_to_http1_where_the_server_offers_no_h2() {
                 .expect("watch");
         streams.push(stream.boxed());
     }
+    streams
+}
+
+/// Creates ConfigMap `seen`; every one of `streams` must report it ADDED.
+async fn every_watch_sees_a_new_map(maps: &Api<ConfigMap>, streams: &mut [Watch]) {
     let map = ConfigMap {
         metadata: ObjectMeta {
             name: Some("seen".to_string()),
@@ -453,15 +426,9 @@ async fn the_pool_falls_back_to_http1_where_the_server_offers_no_h2() {
             .unwrap_or_else(|_| panic!("watch {i} got no event"))
             .expect("watch event")
             .expect("watch open");
-        assert!(
-            matches!(event, WatchEvent::Added(_)),
-            "watch {i}: {event:?}"
-        );
+        match event {
+            WatchEvent::Added(m) => assert_eq!(m.metadata.name.as_deref(), Some("seen")),
+            other => panic!("watch {i}: {other:?}"),
+        }
     }
-    let seen = api.connections().accepted_by("watcher");
-    assert_eq!(seen.get("h2"), None, "{seen:?}");
-    assert!(
-        api.connections().open_with("watcher", "http/1.1") >= WATCHES,
-        "{seen:?}"
-    );
 }

@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -214,26 +213,8 @@ fn leaf_secret(leaf: &Cluster) -> Secret {
 
 /// The Secret registering cluster `leaf` as leaf `name` (virtual node `relaylet-<name>`).
 fn leaf_secret_named(leaf: &Cluster, name: &str) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(format!("leaf-{name}")),
-            namespace: Some(NAMESPACE.to_string()),
-            labels: Some(BTreeMap::from([(
-                relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
-                name.to_string(),
-            )])),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            relaylet::leaf::KUBECONFIG_KEY.to_string(),
-            ByteString(
-                leaf.admin_kubeconfig()
-                    .expect("leaf kubeconfig")
-                    .into_bytes(),
-            ),
-        )])),
-        ..Default::default()
-    }
+    let kubeconfig = leaf.admin_kubeconfig().expect("leaf kubeconfig");
+    relaylet_dev::sandbox::leaf_secret(NAMESPACE, name, &kubeconfig)
 }
 
 /// One port number for two replicas on their own IPs, as a Deployment's pods share one (port 0

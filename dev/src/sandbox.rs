@@ -51,6 +51,36 @@ pub const RELAYLET_LEAF_USER: &str = "system:serviceaccount:relaylet:relaylet-le
 /// The leaf-side RBAC relaylet ships; the sandbox's leaves enforce exactly its rules.
 pub const LEAF_RBAC_MANIFEST: &str = include_str!("../../deploy/leaf-rbac.yaml");
 
+/// The labelled Secret in `namespace` that registers leaf `name` (virtual node
+/// `relaylet-<name>`) with `kubeconfig`: exactly how a user adds a leaf.
+pub fn leaf_secret(namespace: &str, name: &str, kubeconfig: &str) -> Secret {
+    leaf_secret_with(
+        namespace,
+        name,
+        BTreeMap::from([(
+            relaylet::leaf::KUBECONFIG_KEY.to_string(),
+            ByteString(kubeconfig.as_bytes().to_vec()),
+        )]),
+    )
+}
+
+/// [`leaf_secret`] with `data` as its keys (the kubeconfig and, say, a proxy's CA).
+pub fn leaf_secret_with(namespace: &str, name: &str, data: BTreeMap<String, ByteString>) -> Secret {
+    Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(format!("leaf-{name}")),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
+                name.to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
 /// What `relaylet-dev sandbox --help` prints.
 pub const SANDBOX_USAGE: &str = "usage: relaylet-dev sandbox [--kubeconfig-out PATH]
 
@@ -193,23 +223,12 @@ impl Sandbox {
             leaf.add_node(&format!("{name}-node"))
                 .await
                 .with_context(|| format!("starting the node of leaf {name}"))?;
-            // The labelled kubeconfig Secret: exactly how a user adds a leaf.
-            let secret = Secret {
-                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                    name: Some(format!("leaf-{name}")),
-                    namespace: Some(RELAYLET_NAMESPACE.to_string()),
-                    labels: Some(BTreeMap::from([(
-                        relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
-                        name.clone(),
-                    )])),
-                    ..Default::default()
-                },
-                data: Some(
-                    leaf_secret_data(&leaf, settings.leaf_proxies.get(name), &mut proxies, name)
-                        .await?,
-                ),
-                ..Default::default()
-            };
+            let secret = leaf_secret_with(
+                RELAYLET_NAMESPACE,
+                name,
+                leaf_secret_data(&leaf, settings.leaf_proxies.get(name), &mut proxies, name)
+                    .await?,
+            );
             store
                 .create_typed(&secret)
                 .map_err(|e| anyhow::anyhow!("creating the Secret of leaf {name}: {e}"))?;

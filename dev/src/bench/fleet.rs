@@ -33,9 +33,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use relaylet_sim::apiserver::Store;
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 use serde_json::json;
@@ -761,22 +759,8 @@ impl Fleet {
     fn register_leaves(&self) -> anyhow::Result<()> {
         for (i, leaf) in self.leaves.iter().enumerate() {
             let name = format!("leaf-{i}");
-            let secret = Secret {
-                metadata: ObjectMeta {
-                    name: Some(format!("leaf-{name}")),
-                    namespace: Some(NAMESPACE.into()),
-                    labels: Some(BTreeMap::from([(
-                        relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
-                        name,
-                    )])),
-                    ..Default::default()
-                },
-                data: Some(BTreeMap::from([(
-                    relaylet::leaf::KUBECONFIG_KEY.to_string(),
-                    ByteString(leaf.kubeconfig(USER, &["system:masters"])?.into_bytes()),
-                )])),
-                ..Default::default()
-            };
+            let kubeconfig = leaf.kubeconfig(USER, &["system:masters"])?;
+            let secret = crate::sandbox::leaf_secret(NAMESPACE, &name, &kubeconfig);
             self.root_store()
                 .create_typed(&secret)
                 .map_err(|e| anyhow::anyhow!("creating a leaf Secret: {e}"))?;

@@ -8,15 +8,13 @@
 //! simulated leaf) and `hold` (the hold endpoint). The bench pod runs in `leaf` and is shown in
 //! the root on relaylet's virtual node, as a multi-cluster scheduler would place it.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 use relaylet_sim::serve::Served;
@@ -160,7 +158,7 @@ impl Stack {
         ] {
             root.api
                 .store()
-                .create_typed(&leaf_secret(name, kubeconfig))
+                .create_typed(&crate::sandbox::leaf_secret(NAMESPACE, name, kubeconfig))
                 .map_err(|e| anyhow::anyhow!("creating the Secret of leaf {name}: {e}"))?;
         }
 
@@ -294,25 +292,6 @@ fn bench_pod(log_bytes: u64) -> SimPod {
                 ..Default::default()
             },
         ],
-        ..Default::default()
-    }
-}
-
-fn leaf_secret(name: &str, kubeconfig: &str) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(format!("leaf-{name}")),
-            namespace: Some(NAMESPACE.into()),
-            labels: Some(BTreeMap::from([(
-                relaylet::config::DEFAULT_LEAF_SECRET_LABEL.to_string(),
-                name.to_string(),
-            )])),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            relaylet::leaf::KUBECONFIG_KEY.to_string(),
-            ByteString(kubeconfig.as_bytes().to_vec()),
-        )])),
         ..Default::default()
     }
 }
