@@ -62,7 +62,7 @@ if [ ! -f "$out/.done" ]; then
   for cmd in kubelet kube-scheduler; do
     echo "build-node.sh: building $cmd $version" >&2
     (cd "$src" && go build -trimpath \
-      -ldflags "-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
       -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
     mv "$out/$cmd.tmp" "$out/$cmd"
   done
