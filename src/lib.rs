@@ -107,7 +107,9 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         metrics: metrics.clone(),
         health: health.clone(),
         owner: owner(&config, &root),
+        nodes: virtual_node::node_watch::NodeWatch::default(),
     });
+    spawn_until(&shutdown, controller.nodes.clone().run(root.clone()));
     spawn_until(&shutdown, controller.clone().run());
     tokio::spawn(hand_over(controller, shutdown.clone()));
     let parts = NodeServers {

@@ -212,9 +212,11 @@ async fn exec_through_the_root(root: &Cluster, pod: &str, word: &str) -> String 
 }
 
 /// With 10 and then 60 leaves, relaylet's connections to the root apiserver stay at a few (over
-/// HTTP/1.1 each virtual node's pod watch and Node watch held one of its own: 20 and 120), and
-/// its watches are not starved: every Node is Ready, a deleted Node is put back, a leaf pod
-/// changes its Node's allocatable, and a root pod created last is reached by exec.
+/// HTTP/1.1 each virtual node's pod watch and Node watch held one of its own: 20 and 120), it
+/// watches the Nodes once, not once per Node (at 1,000 leaves those watches alone were more
+/// streams than its connections carry), and its watches are not starved: every Node is Ready,
+/// a deleted Node is put back, a leaf pod changes its Node's allocatable, and a root pod
+/// created last is reached by exec.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn root_connections_stay_few_as_leaves_are_added() {
     const BOUND: usize = 4;
@@ -244,6 +246,8 @@ async fn root_connections_stay_few_as_leaves_are_added() {
             root.api.connections().open_with(&user, "h2") >= 1,
             "{stage}: relaylet speaks h2 to the root"
         );
+        let node_watches = root.api.open_watches("/api/v1/nodes");
+        assert_eq!(node_watches, 1, "{stage}: relaylet's open Node watches");
     }
 
     // The Node watch: a deleted Node comes back.

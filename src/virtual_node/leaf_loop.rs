@@ -1,9 +1,10 @@
 //! One leaf's loop: probes the leaf, recomputes its Node every few seconds and, on the replica
 //! the Node is assigned to, writes the Node (when it changed, and as a heartbeat) and renews its
-//! Lease; a watch of the Node puts it back at once when someone else deletes or alters it.
+//! Lease; its Node's events put it back at once when someone else deletes or alters it.
 //!
-//! Every replica runs this loop for every leaf, but only its root side (the watch of the Node,
-//! which tells it when to take the Node over or hand it back). The leaf side, the watches of
+//! Every replica runs this loop for every leaf, but only its root side (its Node's events from
+//! the replica's one watch of the Nodes, `node_watch`, which tell it when to take the Node over
+//! or hand it back). The leaf side, the watches of
 //! the leaf's nodes and pods and its probes ([`LeafSide`]), runs only on the replica that
 //! serves the Node, is assigned it, or is still handing it over: each leaf is watched by one
 //! replica, and a leaf handed away is forgotten once the Node names its new replica. A replica
@@ -15,20 +16,18 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{DaemonEndpoint, Node, NodeDaemonEndpoints, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::Patch;
-use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::time::Instant;
 
 use super::desired::{self, Health};
 use super::leaf_watch::{self, LeafWatch};
 use super::node_lease::LEASE_RENEW;
+use super::node_watch::NodeEvent;
 use super::{Controller, Ownership, SyncError, patch_params, served_by};
 use crate::leaf::Leaf;
 
@@ -97,7 +96,8 @@ impl Controller {
         let mut tick = tokio::time::interval(RECOMPUTE);
         let mut assignment = self.assignment.subscribe();
         let mut replicas = self.replicas.clone();
-        let mut node_events = self.watch_node(&leaf.node_name);
+        let node_events = self.nodes.subscribe(&leaf.node_name);
+        node_events.prime(&self.root).await;
         loop {
             // The leaf is watched only while this replica serves its Node, is assigned it or
             // still hands it over.
@@ -132,7 +132,7 @@ impl Controller {
                     }
                     continue;
                 }
-                Some(event) = node_events.next() => {
+                event = node_events.next() => {
                     state.names_me = matches!(&event, NodeEvent::Applied(node) if served_by::served_by(node) == &*self.replicas.me);
                     if state.held && state.taken_away(&event, &self.replicas.me, self.config.leaf_node_ip) {
                         // Another replica writes the Node now: when this one is not assigned
@@ -494,28 +494,6 @@ impl Controller {
         tracing::info!(node, "handed the virtual node back for another replica");
         Ok(true)
     }
-
-    /// The watch events of Node `name`: applied (created or changed) or deleted.
-    fn watch_node(&self, name: &str) -> BoxStream<'static, NodeEvent> {
-        let api: Api<Node> = Api::all(self.root.clone());
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        watcher(api, config)
-            .default_backoff()
-            .filter_map(|event| async move {
-                match event {
-                    Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
-                        Some(NodeEvent::Applied(Box::new(node)))
-                    }
-                    Ok(watcher::Event::Delete(_)) => Some(NodeEvent::Deleted),
-                    Ok(_) => None,
-                    Err(err) => {
-                        tracing::debug!(%err, "watching the virtual node (retrying)");
-                        None
-                    }
-                }
-            })
-            .boxed()
-    }
 }
 
 /// Per-leaf loop memory.
@@ -539,12 +517,6 @@ struct LeafLoop {
     names_me: bool,
     /// Why the Node was last refused (it is not ours), so that is logged once.
     refused: Option<String>,
-}
-
-/// What the watch of a leaf's Node saw.
-enum NodeEvent {
-    Applied(Box<Node>),
-    Deleted,
 }
 
 impl Controller {

@@ -16,8 +16,8 @@
 //! Every Node carries the install that owns it (label `relaylet.io/owner`, the install's
 //! namespace): an install writes and deletes only its own Nodes, and one that finds a Node of
 //! the same name owned by another install (or a real node) says so loudly and leaves it alone.
-//! Each leaf's loop watches its Node, so a deleted or altered Node is put back at once, not at
-//! the next heartbeat.
+//! Each leaf's loop hears its Node's events from one watch of the Nodes per replica
+//! (`node_watch`), so a deleted or altered Node is put back at once, not at the next heartbeat.
 //!
 //! Each leaf is watched by one replica only: every replica runs every leaf's loop, but a loop
 //! watches its leaf (nodes, pods, probes) only while its replica serves the leaf's Node, is
@@ -26,8 +26,8 @@
 //! leaf clients dial nothing until used).
 //!
 //! This file keeps the set of loops (one per registered leaf, orphans removed) and writes the
-//! Node object; `leaf_loop` is one leaf's loop, `node_lease` its Lease, `desired` what the Node
-//! should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods,
+//! Node object; `leaf_loop` is one leaf's loop, `node_lease` its Lease, `node_watch` the Nodes'
+//! watch the loops share, `desired` what the Node should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods,
 //! `leaf_objects` the bounded watch both its nodes and pods are kept by).
 
 pub mod desired;
@@ -36,6 +36,7 @@ pub mod leaf_objects;
 pub mod leaf_pods;
 pub mod leaf_watch;
 mod node_lease;
+pub mod node_watch;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -86,6 +87,8 @@ pub struct Controller {
     pub health: Arc<crate::ops::health::Health>,
     /// This install's identity on its Nodes (`OWNER_LABEL`): its namespace.
     pub owner: String,
+    /// The one watch of the root's relaylet Nodes; each leaf's loop hears its own Node's events.
+    pub nodes: node_watch::NodeWatch,
 }
 
 /// Why a leaf's Node could not be kept.
