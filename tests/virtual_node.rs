@@ -764,12 +764,22 @@ fn sessions_of(replica: &Replica, leaf: &str) -> f64 {
 }
 
 /// Execs in every leaf's pod through the root apiserver and waits until each session is
-/// counted by the replica `owners` names for its node, and by no other.
+/// counted by the replica its Node names as writer, and by no other. That is the replica
+/// `owners` names unless the Node moved since (a replica whose presence Lease went unrenewed
+/// for 10 s on a starved machine loses its Nodes, as it should): then the Node's writer when
+/// the session was made.
 async fn sessions_go_to_their_nodes_replica(
     root: &Cluster,
     replicas: &BTreeMap<&str, Replica>,
     owners: &BTreeMap<String, String>,
 ) {
+    let store = root.api.store();
+    let writer = |node: &str| {
+        store
+            .get_typed::<Node>("", node)
+            .map(|n| served_by(&n))
+            .unwrap_or_default()
+    };
     for (i, node) in owners.keys().enumerate() {
         let leaf = node.trim_start_matches("relaylet-");
         let before: BTreeMap<&str, f64> = replicas
@@ -777,12 +787,13 @@ async fn sessions_go_to_their_nodes_replica(
             .map(|(name, r)| (*name, sessions_of(r, leaf)))
             .collect();
         let pod = format!("work-{}", leaf.trim_start_matches("leaf-"));
+        let writer_before = writer(node);
         assert_eq!(
             try_exec_in(root, &pod, "x").await.expect("exec"),
             "via-x\n",
             "{node} #{i}"
         );
-        wait_for("the session is counted by the node's replica", || {
+        let served = wait_for("the session is counted by the node's replica", || {
             let grew: Vec<&str> = replicas
                 .iter()
                 .filter(|(name, r)| sessions_of(r, leaf) > before[*name])
@@ -790,9 +801,20 @@ async fn sessions_go_to_their_nodes_replica(
                 .collect();
             (!grew.is_empty()).then_some(grew)
         })
-        .await
-        .iter()
-        .for_each(|served| assert_eq!(*served, owners[node], "{node}'s session"));
+        .await;
+        let writer_after = writer(node);
+        if writer_before != owners[node] || writer_after != writer_before {
+            eprintln!(
+                "{node} moved: {} when spread, {writer_before} before the session, {writer_after} after it",
+                owners[node]
+            );
+        }
+        assert_eq!(served.len(), 1, "{node}'s session counted by {served:?}");
+        assert!(
+            [&writer_before, &writer_after].contains(&&served[0].to_string()),
+            "{node}'s session served by {} while the Node named {writer_before} (before) and {writer_after} (after)",
+            served[0]
+        );
     }
 }
 
