@@ -1273,7 +1273,11 @@ fn network_policy_opens_the_kubelet_port_to_the_control_plane_only() {
     let kubelet = rule_for(IntOrString::Int(kubelet_port));
     let ports = kubelet.ports.as_ref().unwrap();
     assert_eq!(ports.len(), 1, "only the kubelet ports");
-    assert_eq!(ports[0].end_port, Some(kubelet_port + 1000));
+    // As many as relaylet searches for a node's own port.
+    assert_eq!(
+        ports[0].end_port,
+        Some(kubelet_port + i32::from(relaylet::node_server::node_ports::PORT_SEARCH))
+    );
     let from = kubelet
         .from
         .as_ref()

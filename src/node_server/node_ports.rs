@@ -29,7 +29,7 @@ use super::server::NodeServer;
 use crate::leaf::Registry;
 
 /// How many ports above the shared one are tried for each node.
-const PORT_SEARCH: u16 = 1000;
+pub const PORT_SEARCH: u16 = 1000;
 /// How long to wait before trying again to bind a node's port when none was free.
 const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use relaylet::node_server::node_ports::PORT_SEARCH;
 use relaylet_sim::apiserver::Store;
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 use serde_json::json;
@@ -676,6 +677,21 @@ impl Fleet {
         })
     }
 
+    /// A free loopback port outside the replicas' node ports (`NODE_SERVER_PORT` and the
+    /// [`PORT_SEARCH`] above it, where each virtual node's listener takes the first free one): a port taken in
+    /// there leaves the thousandth Node without one (seen at 1,000 leaves, with the metrics
+    /// ports handed out right after `NODE_SERVER_PORT`).
+    fn port_outside_node_ports(&self) -> anyhow::Result<u16> {
+        let window = self.port..=self.port.saturating_add(PORT_SEARCH);
+        for _ in 0..2000 {
+            let port = relaylet_sim::ports::free_loopback_port()?.port();
+            if !window.contains(&port) {
+                return Ok(port);
+            }
+        }
+        anyhow::bail!("no free loopback port outside {window:?}")
+    }
+
     fn root_store(&self) -> &Store {
         self.root.api.store()
     }
@@ -882,7 +898,7 @@ impl Replica {
     /// replicas runs).
     async fn spawn(fleet: &Fleet, i: usize, dir: &Path) -> anyhow::Result<Replica> {
         let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + i as u8));
-        let metrics = SocketAddr::new(ip, relaylet_sim::ports::free_loopback_port()?.port());
+        let metrics = SocketAddr::new(ip, fleet.port_outside_node_ports()?);
         let name = format!("relaylet-{i}");
         // With leader election a replica counts only as a Running pod of its install.
         let admin =
