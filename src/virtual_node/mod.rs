@@ -27,8 +27,9 @@
 //!
 //! This file keeps the set of loops (one per registered leaf, orphans removed) and writes the
 //! Node object; `leaf_loop` is one leaf's loop, `node_lease` its Lease, `node_watch` the Nodes'
-//! watch the loops share, `desired` what the Node should say, `leaf_watch` what the leaf says (`leaf_pods` the little kept of its pods,
-//! `leaf_objects` the bounded watch both its nodes and pods are kept by).
+//! watch the loops share, `desired` what the Node should say, `leaf_watch` what the leaf says
+//! (`leaf_pods` the little kept of its pods, `leaf_objects` the bounded watch both its nodes and
+//! pods are kept by).
 
 pub mod desired;
 mod leaf_loop;

@@ -10,8 +10,9 @@
 //!
 //! A loop's event waits in a slot of one until the loop takes it: a newer event replaces one
 //! not yet taken (the loop needs the Node as it is now, not its history), and nothing of a
-//! Node is kept once its event is taken. A loop that starts after the watch listed reads its
-//! Node once ([`Subscription::prime`]), as its own watch's listing used to tell it.
+//! Node is kept once its event is taken. Each loop reads its Node once when it starts
+//! ([`Subscription::prime`]), as its own watch's first listing used to tell it: a loop that
+//! starts after the shared watch listed would otherwise hear nothing until the Node changes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -84,9 +85,9 @@ impl Subscription {
         }
     }
 
-    /// Reads the Node once, for a loop that started after the watch listed it: the Node as
-    /// read becomes the next event, unless the watch brought one meanwhile (as new or newer). A
-    /// missing Node (or a failed read) brings none.
+    /// Reads the Node once, when the loop starts: the Node as read becomes the next event,
+    /// unless the watch brought one meanwhile (as new or newer). A missing Node (or a failed
+    /// read) brings none. One GET per loop start, where a watch per Node listed once.
     pub async fn prime(&self, root: &Client) {
         let before = lock(&self.slot.event).0;
         let api: Api<Node> = Api::all(root.clone());

@@ -678,9 +678,9 @@ impl Fleet {
     }
 
     /// A free loopback port outside the replicas' node ports (`NODE_SERVER_PORT` and the
-    /// [`PORT_SEARCH`] above it, where each virtual node's listener takes the first free one): a port taken in
-    /// there leaves the thousandth Node without one (seen at 1,000 leaves, with the metrics
-    /// ports handed out right after `NODE_SERVER_PORT`).
+    /// [`PORT_SEARCH`] above it, where each virtual node's listener takes the first free one):
+    /// a port taken in there leaves the thousandth Node without one (seen at 1,000 leaves, with
+    /// the metrics ports handed out right after `NODE_SERVER_PORT`).
     fn port_outside_node_ports(&self) -> anyhow::Result<u16> {
         let window = self.port..=self.port.saturating_add(PORT_SEARCH);
         for _ in 0..2000 {
