@@ -126,7 +126,7 @@ make_runtime_base() {
   rm -rf "$work" && mkdir -p "$work"
   # mmdebstrap resolves, downloads and checks the packages' signatures; only the listed ones
   # are unpacked into the image (their dependencies, e.g. debconf and perl, are left out).
-  nice -n 10 mmdebstrap --quiet --variant=extract --skip=cleanup/apt/cache \
+  mmdebstrap --quiet --variant=extract --skip=cleanup/apt/cache \
     --include="$(IFS=,; echo "${runtime_packages[*]}")" bookworm "$work/staging" "${mirrors[@]}"
   local rootfs="$work/rootfs" pkg deb
   mkdir -p "$rootfs"
@@ -180,7 +180,7 @@ EOF
 make_builder_base() {
   rm -rf "$work" && mkdir -p "$work"
   local rootfs="$work/rootfs"
-  nice -n 10 mmdebstrap --quiet --variant=minbase --include=gcc,libc6-dev,ca-certificates \
+  mmdebstrap --quiet --variant=minbase --include=gcc,libc6-dev,ca-certificates \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     bookworm "$rootfs" "${mirrors[@]}"
@@ -238,7 +238,7 @@ fi
 say "podman build -t $image --build-arg VERSION=$crate_version ($root)"
 start=$SECONDS
 log="$cache/build.log"
-nice -n 10 "${podman[@]}" build --runtime runc --network host --pull=never \
+"${podman[@]}" build --runtime runc --network host --pull=never \
   --volume "$registry:/usr/local/cargo/registry" \
   -t "$image" --build-arg "VERSION=$crate_version" "$root" 2>&1 | tee "$log"
 say "built $image in $((SECONDS - start)) s"

@@ -61,7 +61,7 @@ if [ ! -f "$out/.done" ]; then
   minor="${minor%%.*}"
   for cmd in kubelet kube-scheduler; do
     echo "build-node.sh: building $cmd $version" >&2
-    (cd "$src" && go build -trimpath \
+    (cd "$src" && go build -trimpath -gcflags=all=-dwarf=false \
       -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
       -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
     mv "$out/$cmd.tmp" "$out/$cmd"
@@ -89,7 +89,7 @@ if [ ! -f "$out/.done" ]; then
 
   echo "build-node.sh: building the pause and busybox images" >&2
   mkdir -p "$work/pause-root"
-  (cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/pause-root/pause" ./cmd/pause)
+  (cd "$src" && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$work/pause-root/pause" ./cmd/pause)
   image pause "$work/pause-root" '{"Entrypoint":["/pause"],"User":"65535:65535"}'
 
   bb="$work/busybox-root"
