@@ -84,6 +84,9 @@ pub struct CsrSettings {
 /// The CSR API refuses a shorter `expirationSeconds`.
 pub const MIN_CSR_EXPIRATION: Duration = Duration::from_secs(600);
 
+/// `NODE_PORTS` unless set: the chart's `nodeServer.nodePorts` default too.
+pub const DEFAULT_NODE_PORTS: u16 = 1000;
+
 /// Every setting relaylet reads from its environment.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -92,6 +95,9 @@ pub struct Config {
     pub serving_cert: ServingCert,
     pub client_ca: Option<PathBuf>,
     pub node_server_port: u16,
+    /// How many ports above `node_server_port` the virtual nodes' own listeners may take
+    /// (`NODE_PORTS`): one per virtual node, so the most leaves an install serves.
+    pub node_ports: u16,
     pub static_leaf: Option<StaticLeaf>,
     pub leaf_secret_namespace: Option<String>,
     pub leaf_secret_label: String,
@@ -284,6 +290,7 @@ impl Config {
             }),
         };
 
+        let node_ports = node_ports(&mut vars, node_server_port);
         let static_leaf = static_leaf(&mut vars);
         let node_name_prefix = node_name_prefix(&mut vars);
         let auth_mode = auth_mode(&mut vars);
@@ -312,6 +319,7 @@ impl Config {
             serving_cert,
             client_ca: vars.get("APISERVER_CA_CERT_LOCATION").map(PathBuf::from),
             node_server_port,
+            node_ports,
             static_leaf,
             leaf_secret_namespace: vars.get("LEAF_SECRET_NAMESPACE"),
             leaf_secret_label: vars
@@ -711,6 +719,30 @@ fn log_format(vars: &mut Vars<'_>) -> LogFormat {
 }
 
 /// The connection and session caps (`MAX_*`).
+/// `NODE_PORTS`: every virtual node gets a listener of its own on the first free port above
+/// `NODE_SERVER_PORT` (`node_server::node_ports`), and every replica listens for every leaf's node
+/// (to take it over at once), so this is the most leaves one install can serve. The chart's
+/// NetworkPolicy opens exactly this range, from the same value.
+fn node_ports(vars: &mut Vars<'_>, node_server_port: u16) -> u16 {
+    let Some(raw) = vars.get("NODE_PORTS") else {
+        return DEFAULT_NODE_PORTS;
+    };
+    vars.parse("NODE_PORTS", &raw, DEFAULT_NODE_PORTS, |v| {
+        let n = v
+            .parse::<u16>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("{v:?} is not a whole number 1-65535"))?;
+        // NODE_SERVER_PORT=0 picks its port at start; the search stops at 65535 then.
+        if node_server_port != 0 && node_server_port.checked_add(n).is_none() {
+            return Err(format!(
+                "{n} ports above NODE_SERVER_PORT={node_server_port} go past 65535"
+            ));
+        }
+        Ok(n)
+    })
+}
+
 fn limits(vars: &mut Vars<'_>) -> Limits {
     let defaults = Limits::default();
     // The namespace shares default to a quarter of the totals as set.
@@ -1198,6 +1230,37 @@ mod tests {
             err.to_string()
                 .contains("NODE_SERVER_PORT: \"65536\" is not a port number 0-65535")
         );
+    }
+
+    #[test]
+    fn node_ports_bound_the_virtual_nodes_listeners() {
+        let c = config(&[("LEAF_NODE_IP", "::1")]).unwrap();
+        assert_eq!(c.node_ports, DEFAULT_NODE_PORTS);
+        let c = config(&[("LEAF_NODE_IP", "::1"), ("NODE_PORTS", "3000")]).unwrap();
+        assert_eq!(c.node_ports, 3000);
+        for (bad, says) in [
+            ("0", "\"0\" is not a whole number 1-65535"),
+            ("many", "\"many\" is not a whole number 1-65535"),
+            (
+                "60000",
+                "60000 ports above NODE_SERVER_PORT=10250 go past 65535",
+            ),
+        ] {
+            let err = config(&[("LEAF_NODE_IP", "::1"), ("NODE_PORTS", bad)]).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("invalid configuration: NODE_PORTS: {says}"),
+                "{bad}"
+            );
+        }
+        // With NODE_SERVER_PORT=0 the port is picked at start: the search ends at 65535.
+        let c = config(&[
+            ("LEAF_NODE_IP", "::1"),
+            ("NODE_SERVER_PORT", "0"),
+            ("NODE_PORTS", "60000"),
+        ])
+        .unwrap();
+        assert_eq!(c.node_ports, 60000);
     }
 
     #[test]

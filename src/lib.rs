@@ -430,6 +430,7 @@ impl NodeServers {
         tokio::spawn(node_ports.run(
             registry,
             addr,
+            config.node_ports,
             tls.clone(),
             move |node| make_server(Some(node)),
             shutdown.begin.clone(),

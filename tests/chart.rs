@@ -1000,6 +1000,8 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     assert_eq!(r.env_value("AUTH_MODE"), Some("webhook"));
     assert_eq!(r.env_value("PREFERRED-ADDRESS-TYPE"), Some("InternalDNS"));
     assert_eq!(r.env_value("NODE_SERVER_PORT"), Some("10250"));
+    let node_ports = relaylet::config::DEFAULT_NODE_PORTS.to_string();
+    assert_eq!(r.env_value("NODE_PORTS"), Some(node_ports.as_str()));
     // The serving certificate is generated at start and the client CA read from the cluster.
     assert!(r.env("APISERVER_CERT_LOCATION").is_none());
     assert!(r.env("APISERVER_CA_CERT_LOCATION").is_none());
@@ -1273,11 +1275,9 @@ fn network_policy_opens_the_kubelet_port_to_the_control_plane_only() {
     let kubelet = rule_for(IntOrString::Int(kubelet_port));
     let ports = kubelet.ports.as_ref().unwrap();
     assert_eq!(ports.len(), 1, "only the kubelet ports");
-    // As many as relaylet searches for a node's own port.
-    assert_eq!(
-        ports[0].end_port,
-        Some(kubelet_port + i32::from(relaylet::node_server::node_ports::PORT_SEARCH))
-    );
+    // As many as relaylet searches for a node's own port: the same value (2,000 in this set).
+    assert_eq!(r.env_value("NODE_PORTS"), Some("2000"));
+    assert_eq!(ports[0].end_port, Some(kubelet_port + 2000));
     let from = kubelet
         .from
         .as_ref()
@@ -1965,6 +1965,7 @@ fn drains_are_never_blocked_and_memory_follows_every_cap() {
     assert_eq!(config.limits.log_streams_per_namespace, 256);
     assert_eq!(config.limits.unauthenticated_connections_per_user, 16);
     assert_eq!(config.limits.large_head_connections, 64);
+    assert_eq!(config.node_ports, relaylet::config::DEFAULT_NODE_PORTS);
 }
 
 #[test]

@@ -15,9 +15,11 @@
 //!
 //! Ports are taken from `NODE_SERVER_PORT + 1` upwards, the first free one for each node, so
 //! they may differ between replicas: the replica that writes a Node writes its own port together
-//! with its own address.
+//! with its own address. At most `NODE_PORTS` of them (the chart's NetworkPolicy opens that
+//! range): a node past it gets no listener, and its Node is not written, with one error logged
+//! that names the setting, until a port frees.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 
@@ -28,8 +30,6 @@ use super::connection;
 use super::server::NodeServer;
 use crate::leaf::Registry;
 
-/// How many ports above the shared one are tried for each node.
-pub const PORT_SEARCH: u16 = 1000;
 /// How long to wait before trying again to bind a node's port when none was free.
 const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -55,23 +55,28 @@ impl NodePorts {
     }
 
     /// Keeps one listener per registered virtual node, following the registry, until `stop`
-    /// fires. `make` builds the server for a node; `shared` is the shared port's address.
+    /// fires. `make` builds the server for a node; `shared` is the shared port's address, and
+    /// the nodes' ports are the `window` above it.
     pub async fn run(
         self,
         registry: Registry,
         shared: SocketAddr,
+        window: u16,
         tls: Arc<rustls::ServerConfig>,
         make: impl Fn(String) -> Arc<NodeServer>,
         stop: CancellationToken,
     ) {
         let mut leaves = registry.subscribe();
         let mut running: HashMap<String, CancellationToken> = HashMap::new();
+        // Nodes whose missing port was reported: once each, not at every retry.
+        let mut reported: HashSet<String> = HashSet::new();
         loop {
             let nodes: Vec<String> = leaves
                 .borrow_and_update()
                 .values()
                 .map(|l| l.node_name.clone())
                 .collect();
+            reported.retain(|node| nodes.contains(node));
             running.retain(|node, token| {
                 let keep = nodes.contains(node);
                 if !keep {
@@ -88,15 +93,18 @@ impl NodePorts {
                 if running.contains_key(&node) {
                     continue;
                 }
-                let listener = match bind_free(shared.ip(), shared.port()).await {
+                let listener = match bind_free(shared.ip(), shared.port(), window).await {
                     Ok(listener) => listener,
                     Err(err) => {
                         // The Node is not written without its own port (see `leaf_loop`).
-                        tracing::warn!(%node, %err, "no port for the node's own listener; retrying");
+                        if reported.insert(node.clone()) {
+                            tracing::error!(%node, %err, "no port for the node's own listener: its Node is not written until one frees; retrying");
+                        }
                         unbound = true;
                         continue;
                     }
                 };
+                reported.remove(&node);
                 let Ok(addr) = listener.local_addr() else {
                     continue;
                 };
@@ -126,17 +134,61 @@ impl NodePorts {
     }
 }
 
-/// The first free port above `base` on `ip`.
-async fn bind_free(ip: IpAddr, base: u16) -> std::io::Result<TcpListener> {
-    let mut last = None;
-    for offset in 1..=PORT_SEARCH {
+/// The first free port of the `window` above `base` on `ip`.
+async fn bind_free(ip: IpAddr, base: u16, window: u16) -> std::io::Result<TcpListener> {
+    for offset in 1..=window {
         let Some(port) = base.checked_add(offset) else {
             break;
         };
-        match TcpListener::bind((ip, port)).await {
-            Ok(listener) => return Ok(listener),
-            Err(err) => last = Some(err),
+        if let Ok(listener) = TcpListener::bind((ip, port)).await {
+            return Ok(listener);
         }
     }
-    Err(last.unwrap_or_else(|| std::io::Error::other("no port left above NODE_SERVER_PORT")))
+    let last = base.saturating_add(window);
+    Err(std::io::Error::other(format!(
+        "every port of {}-{last} is taken (NODE_PORTS={window} above NODE_SERVER_PORT: \
+         one per virtual node; raise it, and the chart's nodeServer.nodePorts, for more leaves)",
+        base.saturating_add(1).min(last),
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_node_past_the_window_gets_a_clear_refusal() {
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        // A base whose two ports above are both held here.
+        let (base, _held) = loop {
+            let shared = TcpListener::bind((ip, 0)).await.unwrap();
+            let base = shared.local_addr().unwrap().port();
+            let (Some(p1), Some(p2), Some(p3)) = (
+                base.checked_add(1),
+                base.checked_add(2),
+                base.checked_add(3),
+            ) else {
+                continue;
+            };
+            let (Ok(a), Ok(b), Ok(free)) = (
+                TcpListener::bind((ip, p1)).await,
+                TcpListener::bind((ip, p2)).await,
+                TcpListener::bind((ip, p3)).await,
+            ) else {
+                continue;
+            };
+            drop(free);
+            break (base, [shared, a, b]);
+        };
+        let err = bind_free(ip, base, 2).await.unwrap_err();
+        let want = format!(
+            "every port of {}-{} is taken (NODE_PORTS=2 above NODE_SERVER_PORT",
+            base + 1,
+            base + 2
+        );
+        assert!(err.to_string().starts_with(&want), "{err}");
+        // One more port in the window: found.
+        let listener = bind_free(ip, base, 3).await.unwrap();
+        assert_eq!(listener.local_addr().unwrap().port(), base + 3);
+    }
 }

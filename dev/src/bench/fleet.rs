@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use relaylet::node_server::node_ports::PORT_SEARCH;
+use relaylet::config::DEFAULT_NODE_PORTS;
 use relaylet_sim::apiserver::Store;
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 use serde_json::json;
@@ -678,11 +678,19 @@ impl Fleet {
     }
 
     /// A free loopback port outside the replicas' node ports (`NODE_SERVER_PORT` and the
-    /// [`PORT_SEARCH`] above it, where each virtual node's listener takes the first free one):
+    /// `NODE_PORTS` above it, where each virtual node's listener takes the first free one):
     /// a port taken in there leaves the thousandth Node without one (seen at 1,000 leaves, with
     /// the metrics ports handed out right after `NODE_SERVER_PORT`).
+    /// `NODE_PORTS` of every replica: one port per virtual node, the default unless the fleet
+    /// is larger.
+    fn node_ports(&self) -> u16 {
+        u16::try_from(self.size.leaves)
+            .unwrap_or(u16::MAX)
+            .max(DEFAULT_NODE_PORTS)
+    }
+
     fn port_outside_node_ports(&self) -> anyhow::Result<u16> {
-        let window = self.port..=self.port.saturating_add(PORT_SEARCH);
+        let window = self.port..=self.port.saturating_add(self.node_ports());
         for _ in 0..2000 {
             let port = relaylet_sim::ports::free_loopback_port()?.port();
             if !window.contains(&port) {
@@ -912,6 +920,7 @@ impl Replica {
             .env("KUBECONFIG", &fleet.kubeconfig)
             .env("LEAF_NODE_IP", ip.to_string())
             .env("NODE_SERVER_PORT", fleet.port.to_string())
+            .env("NODE_PORTS", fleet.node_ports().to_string())
             .env("AUTH_MODE", "webhook")
             .env("APISERVER_CERT_LOCATION", &fleet.cert)
             .env("APISERVER_KEY_LOCATION", &fleet.key)
