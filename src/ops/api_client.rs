@@ -37,6 +37,9 @@ const MAX_IDLE_PER_HOST: usize = 4;
 /// (`relaylet-dev bench --only fleet`: with 30 leaves, 1.2-2.4 KiB of RSS per leaf pod instead
 /// of ~0.9).
 const MAX_READ_BUFFER: usize = 16 * 1024;
+/// TLS session tickets a client keeps for resuming: rustls keeps up to 8 per server, and this
+/// many is room for exactly one server's.
+const TLS_TICKETS_PER_CLIENT: usize = 8;
 /// Streams per connection before the pool opens another. kube-apiserver allows 100 concurrent
 /// streams per HTTP/2 connection unless `--http2-max-streams-per-connection` says otherwise
 /// (k8s.io/apiserver v0.37.2, pkg/server/secure_serving.go: when the flag is 0 it sets
@@ -130,6 +133,10 @@ pub fn https_connector<D>(
     alpn: Alpn,
 ) -> Result<hyper_rustls::HttpsConnector<D>, kube::Error> {
     let mut tls = config.rustls_client_config()?;
+    // Each client talks to one server (a leaf's apiserver, or the root's). rustls' default
+    // session cache has room for 32 servers, allocated up front (about 19 KiB), in every
+    // client's settings, and every replica holds two clients for each leaf of the fleet.
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(TLS_TICKETS_PER_CLIENT);
     tls.alpn_protocols = match alpn {
         Alpn::Http1 => vec![b"http/1.1".to_vec()],
         Alpn::H2OrHttp1 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
