@@ -24,7 +24,7 @@ pub mod refusal;
 pub mod warm_connector;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret, Taint};
@@ -118,10 +118,8 @@ pub struct Leaf {
     pub name: String,
     /// The virtual node that stands for this leaf in the root cluster.
     pub node_name: String,
-    /// For ordinary API calls (reads, watches).
-    pub client: Client,
-    /// For relayed exec/attach/port-forward/logs: no timeouts, no retries.
-    pub stream_client: Client,
+    /// Its two API clients, built on first use: see [`Leaf::client`].
+    clients: LeafClients,
     /// The proxy every connection to this leaf goes through (`host:port`), if any.
     pub proxy: Option<String>,
     /// Extra labels for the virtual Node (Secret annotation `relaylet.io/node-labels`).
@@ -175,7 +173,79 @@ impl LeafError {
     }
 }
 
+/// What a leaf's API clients are built from, and the clients once built. Every replica
+/// registers every leaf of the fleet (so it can take the leaf's Node over at once) but uses the
+/// clients only of the leaves whose Nodes it serves, and of sessions that reach it while a Node
+/// moves; built, the two hold about 30 KiB (`tests/leaf_memory.rs`), so they are built the first
+/// time they are used. Whether they can be built was checked when the leaf was registered.
+struct LeafClients {
+    leaf: String,
+    config: kube::Config,
+    dialer: LeafDialer,
+    metrics: Metrics,
+    spare: bool,
+    api: OnceLock<Client>,
+    stream: OnceLock<Client>,
+}
+
+impl LeafClients {
+    fn build_api(&self) -> Result<Client, kube::Error> {
+        crate::ops::api_client::build(
+            &self.config,
+            self.dialer.clone(),
+            Some(read_limits(&self.leaf, &self.metrics)),
+            crate::ops::api_client::LEAF_CONNECTIONS,
+        )
+    }
+
+    fn build_stream(&self) -> Result<Client, kube::Error> {
+        let mut config = self.config.clone();
+        config.read_timeout = None;
+        config.write_timeout = None;
+        config.default_retry = false;
+        stream_client(
+            &config,
+            self.dialer.clone(),
+            Sources::of_leaf(&self.metrics, &self.leaf),
+            self.spare,
+        )
+    }
+
+    /// `built`, or, should building fail after all (it did not at registration), a client
+    /// whose every call fails saying why.
+    fn or_failing(&self, built: Result<Client, kube::Error>) -> Client {
+        built.unwrap_or_else(|err| {
+            let message = format!("leaf {}: building its API client: {err}", self.leaf);
+            tracing::error!(leaf = %self.leaf, %err, "building the leaf's API client");
+            let failing = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+                let message = message.clone();
+                async move {
+                    Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(message))
+                }
+            });
+            Client::new(failing, self.config.default_namespace.clone())
+        })
+    }
+}
+
 impl Leaf {
+    /// The client for ordinary API calls (reads, watches), built on first use.
+    pub fn client(&self) -> &Client {
+        let clients = &self.clients;
+        clients
+            .api
+            .get_or_init(|| clients.or_failing(clients.build_api()))
+    }
+
+    /// The client for relayed exec/attach/port-forward/logs (no timeouts, no retries), built on
+    /// first use.
+    pub fn stream_client(&self) -> &Client {
+        let clients = &self.clients;
+        clients
+            .stream
+            .get_or_init(|| clients.or_failing(clients.build_stream()))
+    }
+
     /// Builds a leaf's clients from kubeconfig text; its stream connections are counted in
     /// `metrics`, and with `spare` one is kept dialed ahead of the next session.
     pub async fn from_kubeconfig(
@@ -225,28 +295,25 @@ impl Leaf {
             leaf: name.to_string(),
             source,
         };
-        let mut stream_config = config.clone();
-        stream_config.read_timeout = None;
-        stream_config.write_timeout = None;
-        stream_config.default_retry = false;
+        let clients = LeafClients {
+            leaf: name.to_string(),
+            config,
+            dialer,
+            metrics: metrics.clone(),
+            spare,
+            api: OnceLock::new(),
+            stream: OnceLock::new(),
+        };
+        // Refused now, with the leaf's Secret, not at first use: whatever makes a client fail
+        // to build (its TLS settings, credentials, headers) is in the kubeconfig. Built and
+        // dropped: a replica that does not serve the leaf keeps neither.
+        clients.build_api().map_err(client_err)?;
+        clients.build_stream().map_err(client_err)?;
         Ok(Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
-            proxy: dialer.proxy().map(|p| p.url.to_string()),
-            client: crate::ops::api_client::build(
-                &config,
-                dialer.clone(),
-                Some(read_limits(name, metrics)),
-                crate::ops::api_client::LEAF_CONNECTIONS,
-            )
-            .map_err(client_err)?,
-            stream_client: stream_client(
-                &stream_config,
-                dialer,
-                Sources::of_leaf(metrics, name),
-                spare,
-            )
-            .map_err(client_err)?,
+            proxy: clients.dialer.proxy().map(|p| p.url.to_string()),
+            clients,
             node_labels: BTreeMap::new(),
             node_taints: None,
             namespaces: NamespaceMap::default(),

@@ -299,7 +299,7 @@ impl Relay {
         leaf: &Leaf,
         req: Request<kube::client::Body>,
     ) -> Result<http::Response<kube::client::Body>, Refusal> {
-        match tokio::time::timeout(self.creation_timeout, leaf.stream_client.send(req)).await {
+        match tokio::time::timeout(self.creation_timeout, leaf.stream_client().send(req)).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(err)) => Err(Refusal::new(
                 StatusCode::BAD_GATEWAY,

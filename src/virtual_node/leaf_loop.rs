@@ -180,7 +180,7 @@ impl Controller {
                     .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
             {
                 let watch = &side.watch;
-                state.health = leaf_watch::probe(&leaf.client, watch).await;
+                state.health = leaf_watch::probe(leaf.client(), watch).await;
                 // Not ready (or no Ready node) still means the leaf apiserver answered.
                 self.health
                     .leaf_probed(&leaf.name, !matches!(state.health, Health::Unreachable(_)));
@@ -190,7 +190,7 @@ impl Controller {
                 if state.version.is_none()
                     || (stale && matches!(state.health, Health::Ready { .. }))
                 {
-                    state.version = leaf_watch::version(&leaf.client)
+                    state.version = leaf_watch::version(leaf.client())
                         .await
                         .or(state.version.take());
                     state.version_read = Some(now);
@@ -270,7 +270,7 @@ impl Controller {
         LeafSide {
             watch: LeafWatch::start(
                 &leaf.name,
-                &leaf.client,
+                leaf.client(),
                 self.config.leaf_bounds,
                 &self.metrics,
             ),

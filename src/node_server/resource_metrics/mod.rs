@@ -296,7 +296,7 @@ impl NodeStats {
         if let LeafPodMatch::Label { key, value } = &self.rule {
             params = params.labels(&format!("{key}={value}"));
         }
-        let api: Api<Pod> = Api::all(leaf.client.clone());
+        let api: Api<Pod> = Api::all(leaf.client().clone());
         let listed = paged(|token| {
             let params = continued(&params, token);
             let api = api.clone();
@@ -498,7 +498,7 @@ async fn leaf_pod_metrics(leaf: &Leaf) -> Result<Vec<PodMetrics>, StatsError> {
             .body(Vec::new())
             .map_err(|e| bad(e.to_string()))?;
         let text =
-            leaf.client
+            leaf.client()
                 .request_text(req)
                 .await
                 .map_err(|source| StatsError::LeafMetrics {
