@@ -305,10 +305,10 @@ impl Leaf {
             stream: OnceLock::new(),
         };
         // Refused now, with the leaf's Secret, not at first use: whatever makes a client fail
-        // to build (its TLS settings, credentials, headers) is in the kubeconfig. Built and
-        // dropped: a replica that does not serve the leaf keeps neither.
+        // to build (its TLS settings, credentials, headers) is in the kubeconfig, and the
+        // stream client is built from the same. Built and dropped: a replica that does not
+        // serve the leaf keeps no client.
         clients.build_api().map_err(client_err)?;
-        clients.build_stream().map_err(client_err)?;
         Ok(Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
@@ -874,5 +874,26 @@ current-context: ctx
                 "{name}"
             );
         }
+    }
+
+    /// The clients are built on first use, but a kubeconfig that cannot make one is still
+    /// refused when the leaf is registered, naming the leaf and not its credentials.
+    #[tokio::test]
+    async fn a_kubeconfig_that_cannot_make_a_client_is_refused_at_once() {
+        let metrics = Metrics::new();
+        // Valid base64, not a certificate or key.
+        let not_pem = "bm90IGEgY2VydGlmaWNhdGU=";
+        let yaml = kubeconfig(
+            "https://127.0.0.1:1",
+            &format!("{{client-certificate-data: {not_pem}, client-key-data: {not_pem}}}"),
+        );
+        let err = Leaf::from_kubeconfig("leaf-x", "relaylet-leaf-x", &yaml, &metrics, true)
+            .await
+            .err()
+            .expect("refused");
+        assert!(matches!(err, LeafError::Client { .. }), "{err:?}");
+        let err = err.to_string();
+        assert!(err.starts_with("leaf leaf-x"), "{err}");
+        assert!(!err.contains(not_pem), "{err}");
     }
 }
