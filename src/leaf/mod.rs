@@ -889,8 +889,7 @@ current-context: ctx
         );
         let err = Leaf::from_kubeconfig("leaf-x", "relaylet-leaf-x", &yaml, &metrics, true)
             .await
-            .err()
-            .expect("refused");
+            .expect_err("refused");
         assert!(matches!(err, LeafError::Client { .. }), "{err:?}");
         let err = err.to_string();
         assert!(err.starts_with("leaf leaf-x"), "{err}");
