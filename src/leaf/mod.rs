@@ -1,21 +1,19 @@
 //! The leaf clusters relaylet knows, each with the clients that reach its apiserver. This
 //! subsystem offers the [`Registry`] of [`Leaf`]s (filled by [`watch_secrets`] and
 //! [`load_static_leaf`]) to everything that reaches a leaf. Inside: this file (the registry and
-//! its Secret watch), `kubeconfig`, `names`, `refusal`, `dialer` (the one way to open a TCP
-//! connection to a leaf), `proxy` (a leaf behind a proxy) and `warm_connector` (a spare
-//! connection dialled ahead).
+//! its Secret watch), `clients` (a leaf's two API clients, built on first use), `kubeconfig`,
+//! `names`, `refusal`, `dialer` (the one way to open a TCP connection to a leaf), `proxy` (a
+//! leaf behind a proxy) and `warm_connector` (a spare connection dialled ahead).
 //!
 //! A leaf is a kubeconfig: from a Secret labelled `relaylet.io/leaf-cluster: <name>` (watched,
 //! so adding, changing or deleting one takes effect without a restart) or from the
 //! `LEAF_KUBECONFIG` file. A Secret is data, not code: its kubeconfig may carry inline
 //! credentials only (`kubeconfig`), its names may not take over another leaf's or a Node
 //! this install does not own (`names`), and a refused Secret registers nothing and says
-//! why (`refusal`). Each leaf gets two kube clients built from the same kubeconfig,
-//! so both carry its TLS settings and credentials: one for ordinary API calls (`ops::api_client`),
-//! and one for relayed streams, which has no read or write timeout (an interactive shell may be
-//! quiet for hours; relaylet enforces its own idle timeout) and no retries (a retried exec would
-//! run a command twice).
+//! why (`refusal`). Each leaf gets two kube clients built from the same kubeconfig
+//! (`clients`).
 
+mod clients;
 pub mod dialer;
 pub mod kubeconfig;
 pub mod names;
@@ -24,7 +22,7 @@ pub mod refusal;
 pub mod warm_connector;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret, Taint};
@@ -34,56 +32,14 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::leaf::clients::LeafClients;
 use crate::leaf::dialer::LeafDialer;
 use crate::leaf::names::{Claim, Reserved};
 use crate::leaf::proxy::{LeafProxy, ProxySetupError, ProxyTls};
 use crate::leaf::refusal::{Refusal, Reporter};
-use crate::leaf::warm_connector::{Sources, WarmConnector};
 use crate::model::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
 use crate::model::dns::{check_dns_label, check_node_name};
 use crate::ops::metrics::Metrics;
-
-/// The client for relayed streams: the same TLS settings, credentials and headers as the API
-/// client, on the same dialer (`TCP_NODELAY`, read-ahead, the leaf's proxy), without timeouts or
-/// retries. Its connector keeps a spare connection dialed for the next session (see
-/// [`WarmConnector`]).
-fn stream_client(
-    config: &kube::Config,
-    dialer: LeafDialer,
-    sources: Sources,
-    spare: bool,
-) -> Result<Client, kube::Error> {
-    use crate::ops::api_client::{Alpn, https_connector};
-    // HTTP/1.1 only, said by ALPN: exec, attach and port-forward are HTTP/1.1 upgrades, and the
-    // spare connection must be one a session can upgrade.
-    let https = WarmConnector::new(
-        https_connector(config, dialer, Alpn::Http1)?,
-        sources,
-        spare,
-    );
-    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build::<_, kube::client::Body>(https);
-    // `config.default_retry` is off for streams: the stack adds no retries. Stream bodies (logs)
-    // are relayed as they come, never collected, so they are not limited here.
-    crate::ops::api_client::over(config, hyper, None)
-}
-
-/// How much of each answer leaf `leaf`'s API client reads: an answer past its limit fails its
-/// call, is counted and logged (once per answer; the leaf's watches and probes retry with
-/// backoff, so this is never a flood).
-fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLimits {
-    let leaf = leaf.to_string();
-    let metrics = metrics.clone();
-    crate::ops::read_limits::ReadLimits::new(move |limit| {
-        metrics.leaf_limit_exceeded(&leaf, limit.label());
-        tracing::warn!(
-            leaf = %leaf,
-            limit = limit.label(),
-            bytes = limit.bytes(),
-            "leaf answer over relaylet's limit: the call fails and is retried later"
-        );
-    })
-}
 
 /// The `proxy-url` of the cluster the kubeconfig's current context uses (the entry kube builds
 /// the client from), if any.
@@ -173,77 +129,16 @@ impl LeafError {
     }
 }
 
-/// What a leaf's API clients are built from, and the clients once built. Every replica
-/// registers every leaf of the fleet (so it can take the leaf's Node over at once) but uses the
-/// clients only of the leaves whose Nodes it serves, and of sessions that reach it while a Node
-/// moves; built, the two hold about 30 KiB (`tests/leaf_memory.rs`), so they are built the first
-/// time they are used. Whether they can be built was checked when the leaf was registered.
-struct LeafClients {
-    leaf: String,
-    config: kube::Config,
-    dialer: LeafDialer,
-    metrics: Metrics,
-    spare: bool,
-    api: OnceLock<Client>,
-    stream: OnceLock<Client>,
-}
-
-impl LeafClients {
-    fn build_api(&self) -> Result<Client, kube::Error> {
-        crate::ops::api_client::build(
-            &self.config,
-            self.dialer.clone(),
-            Some(read_limits(&self.leaf, &self.metrics)),
-            crate::ops::api_client::LEAF_CONNECTIONS,
-        )
-    }
-
-    fn build_stream(&self) -> Result<Client, kube::Error> {
-        let mut config = self.config.clone();
-        config.read_timeout = None;
-        config.write_timeout = None;
-        config.default_retry = false;
-        stream_client(
-            &config,
-            self.dialer.clone(),
-            Sources::of_leaf(&self.metrics, &self.leaf),
-            self.spare,
-        )
-    }
-
-    /// `built`, or, should building fail after all (it did not at registration), a client
-    /// whose every call fails saying why.
-    fn or_failing(&self, built: Result<Client, kube::Error>) -> Client {
-        built.unwrap_or_else(|err| {
-            let message = format!("leaf {}: building its API client: {err}", self.leaf);
-            tracing::error!(leaf = %self.leaf, %err, "building the leaf's API client");
-            let failing = tower::service_fn(move |_: http::Request<kube::client::Body>| {
-                let message = message.clone();
-                async move {
-                    Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(message))
-                }
-            });
-            Client::new(failing, self.config.default_namespace.clone())
-        })
-    }
-}
-
 impl Leaf {
     /// The client for ordinary API calls (reads, watches), built on first use.
     pub fn client(&self) -> &Client {
-        let clients = &self.clients;
-        clients
-            .api
-            .get_or_init(|| clients.or_failing(clients.build_api()))
+        self.clients.api()
     }
 
     /// The client for relayed exec/attach/port-forward/logs (no timeouts, no retries), built on
     /// first use.
     pub fn stream_client(&self) -> &Client {
-        let clients = &self.clients;
-        clients
-            .stream
-            .get_or_init(|| clients.or_failing(clients.build_stream()))
+        self.clients.stream()
     }
 
     /// Builds a leaf's clients from kubeconfig text; its stream connections are counted in
@@ -295,15 +190,8 @@ impl Leaf {
             leaf: name.to_string(),
             source,
         };
-        let clients = LeafClients {
-            leaf: name.to_string(),
-            config,
-            dialer,
-            metrics: metrics.clone(),
-            spare,
-            api: OnceLock::new(),
-            stream: OnceLock::new(),
-        };
+        let proxy = dialer.proxy().map(|p| p.url.to_string());
+        let clients = LeafClients::new(name, config, dialer, metrics, spare);
         // Refused now, with the leaf's Secret, not at first use: whatever makes a client fail
         // to build (its TLS settings, credentials, headers) is in the kubeconfig, and the
         // stream client is built from the same. Built and dropped: a replica that does not
@@ -312,7 +200,7 @@ impl Leaf {
         Ok(Leaf {
             name: name.to_string(),
             node_name: node_name.to_string(),
-            proxy: clients.dialer.proxy().map(|p| p.url.to_string()),
+            proxy,
             clients,
             node_labels: BTreeMap::new(),
             node_taints: None,

@@ -1,0 +1,141 @@
+//! A leaf's two API clients, and when they are built. Both come from the leaf's kubeconfig,
+//! so both carry its TLS settings and credentials: one for ordinary API calls
+//! (`ops::api_client`), and one for relayed streams, with no read or write timeout (an
+//! interactive shell may be quiet for hours; relaylet enforces its own idle timeout) and no
+//! retries (a retried exec would run a command twice).
+
+use std::sync::OnceLock;
+
+use kube::Client;
+
+use crate::leaf::dialer::LeafDialer;
+use crate::leaf::warm_connector::{Sources, WarmConnector};
+use crate::ops::metrics::Metrics;
+
+/// The client for relayed streams: the same TLS settings, credentials and headers as the API
+/// client, on the same dialer (`TCP_NODELAY`, read-ahead, the leaf's proxy), without timeouts or
+/// retries. Its connector keeps a spare connection dialed for the next session (see
+/// [`WarmConnector`]).
+fn stream_client(
+    config: &kube::Config,
+    dialer: LeafDialer,
+    sources: Sources,
+    spare: bool,
+) -> Result<Client, kube::Error> {
+    use crate::ops::api_client::{Alpn, https_connector};
+    // HTTP/1.1 only, said by ALPN: exec, attach and port-forward are HTTP/1.1 upgrades, and the
+    // spare connection must be one a session can upgrade.
+    let https = WarmConnector::new(
+        https_connector(config, dialer, Alpn::Http1)?,
+        sources,
+        spare,
+    );
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, kube::client::Body>(https);
+    // `config.default_retry` is off for streams: the stack adds no retries. Stream bodies (logs)
+    // are relayed as they come, never collected, so they are not limited here.
+    crate::ops::api_client::over(config, hyper, None)
+}
+
+/// How much of each answer leaf `leaf`'s API client reads: an answer past its limit fails its
+/// call, is counted and logged (once per answer; the leaf's watches and probes retry with
+/// backoff, so this is never a flood).
+fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLimits {
+    let leaf = leaf.to_string();
+    let metrics = metrics.clone();
+    crate::ops::read_limits::ReadLimits::new(move |limit| {
+        metrics.leaf_limit_exceeded(&leaf, limit.label());
+        tracing::warn!(
+            leaf = %leaf,
+            limit = limit.label(),
+            bytes = limit.bytes(),
+            "leaf answer over relaylet's limit: the call fails and is retried later"
+        );
+    })
+}
+
+/// What a leaf's API clients are built from, and the clients once built. Every replica
+/// registers every leaf of the fleet (so it can take the leaf's Node over at once) but uses the
+/// clients only of the leaves whose Nodes it serves, and of sessions that reach it while a Node
+/// moves; built, the two hold about 30 KiB (`tests/leaf_memory.rs`), so they are built the first
+/// time they are used. Whether they can be built was checked when the leaf was registered.
+pub(super) struct LeafClients {
+    leaf: String,
+    config: kube::Config,
+    dialer: LeafDialer,
+    metrics: Metrics,
+    spare: bool,
+    api: OnceLock<Client>,
+    stream: OnceLock<Client>,
+}
+
+impl LeafClients {
+    /// Leaf `leaf`'s clients from `config` on `dialer`, not built yet; their connections
+    /// counted in `metrics`, and with `spare` one kept dialed ahead of the next session.
+    pub(super) fn new(
+        leaf: &str,
+        config: kube::Config,
+        dialer: LeafDialer,
+        metrics: &Metrics,
+        spare: bool,
+    ) -> LeafClients {
+        LeafClients {
+            leaf: leaf.to_string(),
+            config,
+            dialer,
+            metrics: metrics.clone(),
+            spare,
+            api: OnceLock::new(),
+            stream: OnceLock::new(),
+        }
+    }
+
+    /// The client for ordinary API calls, built on first use.
+    pub(super) fn api(&self) -> &Client {
+        self.api.get_or_init(|| self.or_failing(self.build_api()))
+    }
+
+    /// The client for relayed streams, built on first use.
+    pub(super) fn stream(&self) -> &Client {
+        self.stream
+            .get_or_init(|| self.or_failing(self.build_stream()))
+    }
+
+    pub(super) fn build_api(&self) -> Result<Client, kube::Error> {
+        crate::ops::api_client::build(
+            &self.config,
+            self.dialer.clone(),
+            Some(read_limits(&self.leaf, &self.metrics)),
+            crate::ops::api_client::LEAF_CONNECTIONS,
+        )
+    }
+
+    fn build_stream(&self) -> Result<Client, kube::Error> {
+        let mut config = self.config.clone();
+        config.read_timeout = None;
+        config.write_timeout = None;
+        config.default_retry = false;
+        stream_client(
+            &config,
+            self.dialer.clone(),
+            Sources::of_leaf(&self.metrics, &self.leaf),
+            self.spare,
+        )
+    }
+
+    /// `built`, or, should building fail after all (it did not at registration), a client
+    /// whose every call fails saying why.
+    fn or_failing(&self, built: Result<Client, kube::Error>) -> Client {
+        built.unwrap_or_else(|err| {
+            let message = format!("leaf {}: building its API client: {err}", self.leaf);
+            tracing::error!(leaf = %self.leaf, %err, "building the leaf's API client");
+            let failing = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+                let message = message.clone();
+                async move {
+                    Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(message))
+                }
+            });
+            Client::new(failing, self.config.default_namespace.clone())
+        })
+    }
+}
