@@ -12,31 +12,6 @@ use crate::leaf::dialer::LeafDialer;
 use crate::leaf::warm_connector::{Sources, WarmConnector};
 use crate::ops::metrics::Metrics;
 
-/// The client for relayed streams: the same TLS settings, credentials and headers as the API
-/// client, on the same dialer (`TCP_NODELAY`, read-ahead, the leaf's proxy), without timeouts or
-/// retries. Its connector keeps a spare connection dialed for the next session (see
-/// [`WarmConnector`]).
-fn stream_client(
-    config: &kube::Config,
-    dialer: LeafDialer,
-    sources: Sources,
-    spare: bool,
-) -> Result<Client, kube::Error> {
-    use crate::ops::api_client::{Alpn, https_connector};
-    // HTTP/1.1 only, said by ALPN: exec, attach and port-forward are HTTP/1.1 upgrades, and the
-    // spare connection must be one a session can upgrade.
-    let https = WarmConnector::new(
-        https_connector(config, dialer, Alpn::Http1)?,
-        sources,
-        spare,
-    );
-    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build::<_, kube::client::Body>(https);
-    // `config.default_retry` is off for streams: the stack adds no retries. Stream bodies (logs)
-    // are relayed as they come, never collected, so they are not limited here.
-    crate::ops::api_client::over(config, hyper, None)
-}
-
 /// How much of each answer leaf `leaf`'s API client reads: an answer past its limit fails its
 /// call, is counted and logged (once per answer; the leaf's watches and probes retry with
 /// backoff, so this is never a flood).
@@ -57,7 +32,7 @@ fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLi
 /// What a leaf's API clients are built from, and the clients once built. Every replica
 /// registers every leaf of the fleet (so it can take the leaf's Node over at once) but uses the
 /// clients only of the leaves whose Nodes it serves, and of sessions that reach it while a Node
-/// moves; built, the two hold about 30 KiB (`tests/leaf_memory.rs`), so they are built the first
+/// moves; built, the two hold about 34 KiB (`tests/leaf_memory.rs`), so they are built the first
 /// time they are used. Whether they can be built was checked when the leaf was registered.
 pub(super) struct LeafClients {
     leaf: String,
@@ -110,17 +85,29 @@ impl LeafClients {
         )
     }
 
+    /// The client for relayed streams: the same TLS settings, credentials and headers as the
+    /// API client, on the same dialer (`TCP_NODELAY`, read-ahead, the leaf's proxy), without
+    /// timeouts or retries. Its connector keeps a spare connection dialed for the next session
+    /// (see [`WarmConnector`]).
     fn build_stream(&self) -> Result<Client, kube::Error> {
+        use crate::ops::api_client::{Alpn, https_connector};
         let mut config = self.config.clone();
         config.read_timeout = None;
         config.write_timeout = None;
         config.default_retry = false;
-        stream_client(
-            &config,
-            self.dialer.clone(),
+        // HTTP/1.1 only, said by ALPN: exec, attach and port-forward are HTTP/1.1 upgrades, and
+        // the spare connection must be one a session can upgrade.
+        let https = WarmConnector::new(
+            https_connector(&config, self.dialer.clone(), Alpn::Http1)?,
             Sources::of_leaf(&self.metrics, &self.leaf),
             self.spare,
-        )
+        );
+        let hyper =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build::<_, kube::client::Body>(https);
+        // `default_retry` is off: the stack adds no retries. Stream bodies (logs) are relayed as
+        // they come, never collected, so they are not limited here.
+        crate::ops::api_client::over(&config, hyper, None)
     }
 
     /// `built`, or, should building fail after all (it did not at registration), a client
