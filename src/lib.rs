@@ -74,7 +74,6 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
     let (health, metrics_addr) = serve_health(&config, &metrics, &shutdown).await?;
     let registry = watch_leaves(&config, &root, &metrics, &shutdown).await?;
     let pods = pod_index::PodIndex::new(root.clone(), registry.clone());
-    spawn_until(&shutdown, pods.clone().run());
     let csr = request_serving_certificate(&config, &root, &registry, &metrics, &shutdown);
     let judges = replica_judges(&config, &root, &metrics, &shutdown);
     let leadership = elect_leader(&config, &root, &metrics, &shutdown, csr.clone(), &judges);

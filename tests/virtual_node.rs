@@ -1036,11 +1036,19 @@ fn leaves_served(replica: &Replica) -> f64 {
     )
 }
 
+/// The watches of the root pods on virtual node `node` open now at the root apiserver (the
+/// kubelet's own pattern, `spec.nodeName=<node>`).
+fn root_pod_watches(root: &Cluster, node: &str) -> u64 {
+    root.api
+        .open_watches(&format!("/api/v1/pods?fieldSelector=spec.nodeName={node}"))
+}
+
 /// Waits until every leaf in `leaves` (leaf, its Node) is watched by exactly one replica: one
 /// watch of its nodes and one of its pods more than `baseline` (what the leaf's own kubelet
-/// stand-in watches), and each replica of `replicas` runs exactly the leaves whose Nodes
-/// `owners` says it serves.
+/// stand-in watches), the root pods on its Node by one watch, and each replica of `replicas`
+/// runs exactly the leaves whose Nodes `owners` says it serves.
 async fn each_leaf_watched_once(
+    root: &Cluster,
     leaves: &[(&Cluster, String)],
     baseline: &[(u64, u64)],
     replicas: &BTreeMap<&str, Replica>,
@@ -1071,11 +1079,18 @@ async fn each_leaf_watched_once(
             for owner in owners.values() {
                 *expected.entry(owner.as_str()).or_default() += 1.0;
             }
-            if extra.iter().all(|(_, n, p)| (*n, *p) == (1, 1)) && served == expected {
+            let root_watches: Vec<(&str, u64)> = leaves
+                .iter()
+                .map(|(_, node)| (node.as_str(), root_pod_watches(root, node)))
+                .collect();
+            if extra.iter().all(|(_, n, p)| (*n, *p) == (1, 1))
+                && root_watches.iter().all(|(_, w)| *w == 1)
+                && served == expected
+            {
                 return;
             }
             last = format!(
-                "replica watches per leaf (node, nodes, pods): {extra:?}; leaves served: {served:?}, expected {expected:?}"
+                "replica watches per leaf (node, nodes, pods): {extra:?}; root pod watches per node: {root_watches:?}; leaves served: {served:?}, expected {expected:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -1086,7 +1101,8 @@ async fn each_leaf_watched_once(
 }
 
 /// Issue 39: with three replicas and four leaves, each leaf apiserver is watched (nodes and
-/// pods) by one replica only, the one whose Node it is; when a replica crashes its leaves are
+/// pods) by one replica only, the one whose Node it is, and so are the root pods on each
+/// Node (`spec.nodeName`); when a replica crashes its leaves are
 /// started by the replicas taking its Nodes over (the Nodes Ready throughout, sessions served
 /// after), and when a replica joins, the leaves whose Nodes it takes stop being watched by
 /// their old replica.
@@ -1148,7 +1164,7 @@ async fn each_leaf_is_watched_only_by_the_replica_that_serves_its_node() {
             &live(&["relaylet-0", "relaylet-1", "relaylet-2"]),
         )
         .await;
-        each_leaf_watched_once(&by_leaf, &baseline, &replicas, &owners).await;
+        each_leaf_watched_once(&root, &by_leaf, &baseline, &replicas, &owners).await;
         sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
 
         // A crash: the replicas taking relaylet-0's Nodes start its leaves; Ready throughout.
@@ -1162,7 +1178,7 @@ async fn each_leaf_is_watched_only_by_the_replica_that_serves_its_node() {
                 "{node} went NotReady"
             );
         }
-        each_leaf_watched_once(&by_leaf, &baseline, &replicas, &owners).await;
+        each_leaf_watched_once(&root, &by_leaf, &baseline, &replicas, &owners).await;
         sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
 
         // A replica joins: the leaves whose Nodes it takes are no longer watched by the replica
@@ -1192,7 +1208,7 @@ async fn each_leaf_is_watched_only_by_the_replica_that_serves_its_node() {
                 "{node} went NotReady"
             );
         }
-        each_leaf_watched_once(&by_leaf, &baseline, &replicas, &owners).await;
+        each_leaf_watched_once(&root, &by_leaf, &baseline, &replicas, &owners).await;
         sessions_go_to_their_nodes_replica(&root, &replicas, &owners).await;
         drop(replicas);
     })

@@ -2,8 +2,10 @@
 //!
 //! The root apiserver dials relaylet for every virtual node (they all share relaylet's address),
 //! and a kubelet path names only namespace and pod. So relaylet finds the pod's node here, and
-//! from the node the leaf. One watch per virtual node (`spec.nodeName=<node>`), started and
-//! stopped as leaves come and go; a pod too fresh to be in the index costs one GET.
+//! from the node the leaf. One watch per virtual node this replica serves (`spec.nodeName=<node>`,
+//! the kubelet's own pattern), held by the node's leaf loop as long as it serves the node
+//! ([`NodePods`]), so the root connections and memory follow the leaves served, not the fleet;
+//! a pod too fresh to be in the index costs one GET.
 //!
 //! Only what the root apiserver decides is kept (node, UID): which leaf pod stands for a root
 //! pod is `counterpart`'s business, and never read from the pod's own annotations.
@@ -90,6 +92,8 @@ pub struct PodIndex {
     indexed: Arc<tokio::sync::Notify>,
     /// Virtual nodes whose pod watch has listed: their pods are all in `routes`.
     listed: Arc<RwLock<HashSet<String>>>,
+    /// How many [`NodePods`] of each node are open here.
+    watchers: Arc<Mutex<HashMap<String, usize>>>,
     /// The shared port's recent GETs of unindexed pods.
     looked_up: Arc<Mutex<HashMap<Key, LookedUp>>>,
     lookups: Arc<Mutex<crate::ops::token_bucket::TokenBucket>>,
@@ -103,6 +107,7 @@ impl PodIndex {
             routes: Arc::default(),
             indexed: Arc::default(),
             listed: Arc::default(),
+            watchers: Arc::default(),
             looked_up: Arc::default(),
             lookups: Arc::new(Mutex::new(crate::ops::token_bucket::TokenBucket::full(
                 LOOKUP_BURST,
@@ -232,33 +237,31 @@ impl PodIndex {
             .collect()
     }
 
-    /// Keeps one pod watch per virtual node, following the registry, until dropped.
-    pub async fn run(self) {
-        let mut leaves = self.registry.subscribe();
-        let mut watches: HashMap<String, JoinHandle<()>> = HashMap::new();
-        loop {
-            let nodes: HashSet<String> = leaves.borrow_and_update().keys().cloned().collect();
-            watches.retain(|node, task| {
-                let keep = nodes.contains(node);
-                if !keep {
-                    task.abort();
-                    write(&self.listed).remove(node);
-                    write(&self.routes).retain(|_, r| &r.node_name != node);
-                }
-                keep
-            });
-            for node in nodes {
-                if let std::collections::hash_map::Entry::Vacant(slot) = watches.entry(node) {
-                    let task = tokio::spawn(self.clone().watch_node(slot.key().clone()));
-                    slot.insert(task);
-                }
-            }
-            if leaves.changed().await.is_err() {
-                break;
-            }
+    /// Starts watching the root pods on virtual node `node`; the watch lasts as long as the
+    /// returned [`NodePods`]. Only the replica that serves a node (or takes it over, or hands it
+    /// over) watches its pods: on every other replica the node's pods are not indexed, and the
+    /// rare call that reaches it for them (one in flight while the Node moved) costs a GET.
+    pub fn watch(&self, node: &str) -> NodePods {
+        *lock(&self.watchers).entry(node.to_string()).or_default() += 1;
+        NodePods {
+            index: self.clone(),
+            node: node.to_string(),
+            task: tokio::spawn(self.clone().watch_node(node.to_string())),
         }
-        for task in watches.into_values() {
-            task.abort();
+    }
+
+    /// Whether `node`'s pod watch has listed, waiting up to `wait` for it.
+    async fn listed_within(&self, node: &str, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before the look, so a listing in between is not missed.
+            let indexed = self.indexed.notified();
+            if read(&self.listed).contains(node) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, indexed).await.is_err() {
+                return false;
+            }
         }
     }
 
@@ -278,6 +281,7 @@ impl PodIndex {
                 Ok(watcher::Event::InitDone) => {
                     write(&self.routes).retain(|key, r| r.node_name != node || seen.contains(key));
                     write(&self.listed).insert(node.clone());
+                    self.indexed.notify_waiters();
                 }
                 Ok(watcher::Event::Apply(pod)) => {
                     self.upsert(&pod);
@@ -301,6 +305,39 @@ impl PodIndex {
     }
 }
 
+/// The root pod watch of one virtual node ([`PodIndex::watch`]): dropping it ends the watch
+/// and, unless another is open for the same node (a leaf's loop restarting), forgets the
+/// node's pods.
+pub struct NodePods {
+    index: PodIndex,
+    node: String,
+    task: JoinHandle<()>,
+}
+
+impl NodePods {
+    /// Whether the watch has listed the node's pods, waiting up to `wait` for it.
+    pub async fn listed_within(&self, wait: Duration) -> bool {
+        self.index.listed_within(&self.node, wait).await
+    }
+}
+
+impl Drop for NodePods {
+    fn drop(&mut self) {
+        self.task.abort();
+        let index = &self.index;
+        let mut watchers = lock(&index.watchers);
+        let Some(count) = watchers.get_mut(&self.node) else {
+            return;
+        };
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            watchers.remove(&self.node);
+            write(&index.listed).remove(&self.node);
+            write(&index.routes).retain(|_, r| r.node_name != self.node);
+        }
+    }
+}
+
 fn key_of(pod: &SlimPod) -> Option<Key> {
     Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
 }
@@ -321,6 +358,10 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

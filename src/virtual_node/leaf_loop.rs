@@ -4,8 +4,8 @@
 //!
 //! Every replica runs this loop for every leaf, but only its root side (its Node's events from
 //! the replica's one watch of the Nodes, `node_watch`, which tell it when to take the Node over
-//! or hand it back). The leaf side, the watches of
-//! the leaf's nodes and pods and its probes ([`LeafSide`]), runs only on the replica that
+//! or hand it back). The leaf side, the watches of the leaf's nodes and pods, its probes and
+//! the root watch of the pods on its Node ([`LeafSide`]), runs only on the replica that
 //! serves the Node, is assigned it, or is still handing it over: each leaf is watched by one
 //! replica, and a leaf handed away is forgotten once the Node names its new replica. A replica
 //! that starts a leaf (a takeover) does not know it yet: until its watches have listed, it
@@ -30,6 +30,7 @@ use super::node_lease::LEASE_RENEW;
 use super::node_watch::NodeEvent;
 use super::{Controller, Ownership, SyncError, patch_params, served_by};
 use crate::leaf::Leaf;
+use crate::routing::pod_index::NodePods;
 
 /// How often each leaf's Node is recomputed (written only when it changed).
 const RECOMPUTE: Duration = Duration::from_secs(2);
@@ -57,8 +58,11 @@ const COLD_GRACE: Duration = Duration::from_secs(30);
 /// closes them and frees what they kept.
 struct LeafSide {
     watch: LeafWatch,
+    /// The watch of the root pods on the leaf's Node (routing, and which leaf pods stand for
+    /// root pods in the Node's capacity).
+    pods: NodePods,
     started: Instant,
-    /// Both watches have listed once since `started`.
+    /// The leaf's watches and the root pod watch have listed once since `started`.
     listed: bool,
     /// `relaylet_leaves_served`, counted while this lives.
     served: prometheus_client::metrics::gauge::Gauge,
@@ -169,7 +173,11 @@ impl Controller {
                         } else {
                             Duration::ZERO
                         };
-                    side.listed = side.watch.settled_within(wait).await;
+                    let (leaf, root) = tokio::join!(
+                        side.watch.settled_within(wait),
+                        side.pods.listed_within(wait)
+                    );
+                    side.listed = leaf && root;
                     side.cold()
                 }
                 _ => false,
@@ -274,6 +282,7 @@ impl Controller {
                 self.config.leaf_bounds,
                 &self.metrics,
             ),
+            pods: self.pods.watch(&leaf.node_name),
             started: Instant::now(),
             listed: false,
             served,

@@ -265,7 +265,14 @@ async fn resource(
         }
         "watch" => {
             let watch = watch_request(&target, &query, render)?;
-            let path = req.uri().path().to_string();
+            // Counted by path and field selector (`?fieldSelector=spec.nodeName=n`), so a test
+            // can tell one node's pod watch from another's.
+            let path = match query.get("fieldSelector") {
+                Some(fields) if !fields.is_empty() => {
+                    format!("{}?fieldSelector={fields}", req.uri().path())
+                }
+                _ => req.uri().path().to_string(),
+            };
             let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
             let body = watch::serve(
                 app.store.clone(),

@@ -206,7 +206,8 @@ impl ApiServer {
     }
 
     /// Watches open now whose path starts with `prefix` (`/api/v1/pods`): each client's
-    /// watch of a kind is one.
+    /// watch of a kind is one. A watch with a field selector is counted under its path and
+    /// `?fieldSelector=` the selector (`/api/v1/pods?fieldSelector=spec.nodeName=n`).
     pub fn open_watches(&self, prefix: &str) -> u64 {
         self.open_watches.matching(prefix)
     }
