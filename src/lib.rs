@@ -424,14 +424,13 @@ impl NodeServers {
         tracing::info!(%addr, auth = ?config.auth_mode, "node server listening");
         let node_ports = self.node_ports.clone();
         let registry = self.registry.clone();
-        let make_server = self.node_server_factory(shutdown);
-        let shared = make_server(None);
+        let listeners = node_server::Listeners::new(self.node_server(shutdown));
         tokio::spawn(node_ports.run(
             registry,
             addr,
             config.node_ports,
             tls.clone(),
-            move |node| make_server(Some(node)),
+            listeners.clone(),
             shutdown.begin.clone(),
         ));
         // Armed here, not only by the signal handler, so any way of beginning shutdown (a
@@ -440,7 +439,7 @@ impl NodeServers {
         let server = tokio::spawn({
             let shutdown = shutdown.clone();
             async move {
-                node_server::serve(listener, tls, shared, shutdown.begin.clone()).await;
+                node_server::serve(listener, tls, listeners, None, shutdown.begin.clone()).await;
                 shutdown.drain(grace).await;
                 tracing::info!("node server stopped; every session has ended");
             }
@@ -448,12 +447,9 @@ impl NodeServers {
         Ok((addr, server))
     }
 
-    /// Makes the node server of one virtual node's port (`Some(node)`) or of the shared port.
-    /// All share the caps, the relay and the caches.
-    fn node_server_factory(
-        self,
-        shutdown: &Shutdown,
-    ) -> impl Fn(Option<String>) -> Arc<node_server::NodeServer> + Send + Sync + 'static {
+    /// Makes the node server behind every port, the shared one and each virtual node's: one set
+    /// of caps, one relay and one set of caches.
+    fn node_server(self, shutdown: &Shutdown) -> Arc<node_server::NodeServer> {
         let gate = limits::Gate::new(self.config.limits);
         let relay = relay::Relay {
             creation_timeout: self.config.stream_creation_timeout,
@@ -474,20 +470,17 @@ impl NodeServers {
             Some(self.root.clone()),
             self.config.x509_allowed_users.clone(),
         ));
-        move |node: Option<String>| {
-            Arc::new(node_server::NodeServer {
-                gate: gate.clone(),
-                auth: auth.clone(),
-                registry: self.registry.clone(),
-                pods: self.pods.clone(),
-                relay: relay.clone(),
-                metrics: self.metrics.clone(),
-                stats: stats.clone(),
-                node,
-                node_name_prefix: self.config.node_name_prefix.clone(),
-                leaf_pod_match: self.config.leaf_pod_match.clone(),
-            })
-        }
+        Arc::new(node_server::NodeServer {
+            gate,
+            auth,
+            registry: self.registry,
+            pods: self.pods,
+            relay,
+            metrics: self.metrics,
+            stats,
+            node_name_prefix: self.config.node_name_prefix.clone(),
+            leaf_pod_match: self.config.leaf_pod_match.clone(),
+        })
     }
 }
 

@@ -11,7 +11,7 @@ use axum::response::Response;
 use http::StatusCode;
 use tracing::Instrument;
 
-use super::server::NodeServer;
+use super::server::{NodeServer, ThisNode};
 use crate::model::kubelet_request::{KubeletRequest, RequestError};
 use crate::model::status::Refusal;
 use crate::node_server::auth::{Access, Caller};
@@ -43,7 +43,7 @@ pub(super) async fn call(
     // its own identity, so a pod of node B must not be reachable through A's port. The shared
     // port, which no Node names, authorizes against the pod's own node (every node when the
     // pod is on none).
-    let route = match &server.node {
+    let route = match ThisNode::of(req.extensions())?.name() {
         Some(own) => {
             let access = Access::for_call(kreq.kind, req.method(), own);
             server.authorize(&caller, &access).await?;

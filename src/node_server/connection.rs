@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use super::filters::PeerCert;
-use super::server::NodeServer;
+use super::server::{NodeServer, ThisNode};
 use crate::model::kubelet_request::Kind;
 use crate::model::status;
 use crate::node_server::auth::{Access, Caller, caller_from_cert};
@@ -41,21 +41,47 @@ pub const SMALL_HEAD_BYTES: usize = 16 * 1024;
 /// connections) may take before the connection goes on unproven.
 const PROOF_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves the kubelet API on `listener` until `stop` fires; open sessions are not waited for
-/// (the relay's own stop token ends them).
+/// What every listener shares: the server, its routes and the answer of a stopped listener.
+/// Built once: a router is about 10 KiB, and a replica listens on a port for each virtual node
+/// of the fleet, not only those it serves.
+#[derive(Clone)]
+pub struct Listeners {
+    server: Arc<NodeServer>,
+    app: Router,
+    closing: Router,
+}
+
+impl Listeners {
+    pub fn new(server: Arc<NodeServer>) -> Listeners {
+        Listeners {
+            app: server.clone().router(),
+            closing: refusal(
+                "relaylet: this listener has stopped (relaylet is shutting down, or the virtual node was removed)"
+                    .to_string(),
+            ),
+            server,
+        }
+    }
+}
+
+/// Serves the kubelet API of virtual node `node` (every node on the shared port, `None`) on
+/// `listener` until `stop` fires; open sessions are not waited for (the relay's own stop token
+/// ends them).
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    server: Arc<NodeServer>,
+    listeners: Listeners,
+    node: Option<String>,
     stop: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let Listeners {
+        server,
+        app,
+        closing,
+    } = listeners;
     let gate = server.gate.clone();
-    let app = server.clone().router();
-    let closing = refusal(
-        "relaylet: this listener has stopped (relaylet is shutting down, or the virtual node was removed)"
-            .to_string(),
-    );
+    let this = ThisNode(node.map(Arc::from));
     loop {
         let Some((tcp, peer)) = listener::next(&listener, &stop, "kubelet").await else {
             return;
@@ -77,6 +103,7 @@ pub async fn serve(
         let app = app.clone();
         let closing = closing.clone();
         let server = server.clone();
+        let this = this.clone();
         tokio::spawn(async move {
             let tcp = ReadAhead::new(tcp);
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -107,7 +134,7 @@ pub async fn serve(
                     let caller = cert.0.as_deref().and_then(|c| caller_from_cert(c).ok());
                     let who = caller.as_ref().map(|c| CertCaller::new(&c.user, &c.groups));
                     let proven = match (&caller, &who) {
-                        (Some(caller), Some(who)) => proven(&server, caller, who).await,
+                        (Some(caller), Some(who)) => proven(&server, &this, caller, who).await,
                         _ => false,
                     };
                     gate.admit(connection, peer.ip(), who.as_ref(), proven)
@@ -136,6 +163,7 @@ pub async fn serve(
                 peer,
                 standing,
                 head,
+                this,
             };
             serve_connection(tls, conn, app, closing, stop).await;
             drop(permit);
@@ -147,8 +175,8 @@ pub async fn serve(
 /// on the node this listener serves (every node on the shared port), which is what the root
 /// apiserver's calls need and is then cached for them. One check for concurrent connections of
 /// the caller; a root apiserver that does not answer in [`PROOF_TIMEOUT`] leaves it unproven.
-async fn proven(server: &NodeServer, caller: &Caller, who: &CertCaller) -> bool {
-    let node = server.node.as_deref().unwrap_or("");
+async fn proven(server: &NodeServer, this: &ThisNode, caller: &Caller, who: &CertCaller) -> bool {
+    let node = this.name().unwrap_or("");
     let access = Access::for_call(Kind::Exec, &http::Method::POST, node);
     let proven = server
         .gate
@@ -175,6 +203,8 @@ struct Conn {
     /// Its request head limit: [`MAX_HEAD_BYTES`] for a proven caller's connection with a large
     /// head permit, else [`SMALL_HEAD_BYTES`].
     head: usize,
+    /// The node of its listener.
+    this: ThisNode,
 }
 
 async fn serve_connection(
@@ -189,12 +219,14 @@ async fn serve_connection(
         peer,
         standing,
         head,
+        this,
     } = conn;
     let header_bytes = MAX_HEADER_BYTES.min(head);
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(cert.clone());
         req.extensions_mut().insert(peer);
         req.extensions_mut().insert(standing.clone());
+        req.extensions_mut().insert(this.clone());
         // Once shutdown has begun, a request that arrives on a connection kept alive from
         // before is refused (and the connection closed), as a new connection would be.
         let app = if stop.is_cancelled() {

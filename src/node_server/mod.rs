@@ -24,5 +24,5 @@ pub mod resource_metrics;
 mod routes;
 mod server;
 
-pub use connection::{SMALL_HEAD_BYTES, serve};
+pub use connection::{Listeners, SMALL_HEAD_BYTES, serve};
 pub use server::NodeServer;

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
 
-use super::server::NodeServer;
+use super::server::{NodeServer, ThisNode};
 use crate::model::status::Refusal;
 use crate::node_server::auth::{Access, Caller};
 use crate::node_server::resource_metrics::encode;
@@ -21,9 +21,9 @@ impl NodeServer {
     /// the shared port cannot tell which node a scraper means (they share relaylet's address), so
     /// it answers 404 naming the nodes' own ports. Asked only once the caller is authorized: how
     /// many nodes there are is not told to strangers.
-    fn node_for_path(&self) -> Result<String, Refusal> {
-        if let Some(node) = &self.node {
-            return Ok(node.clone());
+    fn node_for_path(&self, this: &ThisNode) -> Result<String, Refusal> {
+        if let Some(node) = this.name() {
+            return Ok(node.to_string());
         }
         let nodes: Vec<String> = self
             .registry
@@ -42,13 +42,13 @@ impl NodeServer {
             )),
         }
     }
+}
 
-    /// The node a node-level path is authorized against: this listener's node, or on the shared
-    /// port every node (an empty name), whatever the registry holds, so the answer to a caller
-    /// without rights does not depend on how many nodes there are.
-    fn node_to_authorize(&self) -> &str {
-        self.node.as_deref().unwrap_or("")
-    }
+/// The node a node-level path is authorized against: this listener's node, or on the shared
+/// port every node (an empty name), whatever the registry holds, so the answer to a caller
+/// without rights does not depend on how many nodes there are.
+fn node_to_authorize(this: &ThisNode) -> &str {
+    this.name().unwrap_or("")
 }
 
 /// The virtual node a node-level path is about (see `node_for_path`), once the caller is
@@ -66,8 +66,9 @@ impl FromRequestParts<Arc<NodeServer>> for AuthorizedNode {
         parts: &mut Parts,
         server: &Arc<NodeServer>,
     ) -> Result<Self, Refusal> {
-        authorize_path(parts, server, server.node_to_authorize()).await?;
-        Ok(AuthorizedNode(server.node_for_path()?))
+        let this = ThisNode::of(&parts.extensions)?.clone();
+        authorize_path(parts, server, node_to_authorize(&this)).await?;
+        Ok(AuthorizedNode(server.node_for_path(&this)?))
     }
 }
 
@@ -78,7 +79,8 @@ impl FromRequestParts<Arc<NodeServer>> for AuthorizedAnyNode {
         parts: &mut Parts,
         server: &Arc<NodeServer>,
     ) -> Result<Self, Refusal> {
-        authorize_path(parts, server, server.node_to_authorize()).await?;
+        let this = ThisNode::of(&parts.extensions)?.clone();
+        authorize_path(parts, server, node_to_authorize(&this)).await?;
         Ok(AuthorizedAnyNode)
     }
 }

@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::connection;
-use super::server::NodeServer;
+use super::connection::Listeners;
 use crate::leaf::Registry;
 
 /// How long to wait before trying again to bind a node's port when none was free.
@@ -63,7 +63,7 @@ impl NodePorts {
         shared: SocketAddr,
         window: u16,
         tls: Arc<rustls::ServerConfig>,
-        make: impl Fn(String) -> Arc<NodeServer>,
+        listeners: Listeners,
         stop: CancellationToken,
     ) {
         let mut leaves = registry.subscribe();
@@ -113,7 +113,8 @@ impl NodePorts {
                 tokio::spawn(connection::serve(
                     listener,
                     tls.clone(),
-                    make(node.clone()),
+                    listeners.clone(),
+                    Some(node.clone()),
                     token.clone(),
                 ));
                 self.ports
