@@ -103,6 +103,8 @@ async fn settle() {
     }
 }
 
+/// ... and a leaf handed away to another replica (`Leaf::release_clients`) is back to what a
+/// registered leaf holds.
 #[test]
 fn a_leaf_holds_little_and_its_clients_only_once_used() {
     // One thread: everything the leaves allocate, their clients' spawned workers included, is
@@ -140,11 +142,19 @@ fn a_leaf_holds_little_and_its_clients_only_once_used() {
         }
         settle().await;
         let used = (held() - before) / LEAVES;
+        // Handed away: the replica no longer serves the leaf's Node.
+        for leaf in &leaves[1..] {
+            leaf.release_clients();
+        }
+        settle().await;
+        let released = (held() - before) / LEAVES;
         drop(leaves);
-        (registered, used)
+        (registered, used, released)
     });
-    let (registered, used) = per_leaf;
-    eprintln!("a registered leaf holds {registered} B; with its clients used, {used} B");
+    let (registered, used, released) = per_leaf;
+    eprintln!(
+        "a registered leaf holds {registered} B; with its clients used, {used} B; released, {released} B"
+    );
     assert!(
         registered <= BUDGET_REGISTERED,
         "a registered leaf holds {registered} B, over its budget of {BUDGET_REGISTERED} B"
@@ -152,5 +162,9 @@ fn a_leaf_holds_little_and_its_clients_only_once_used() {
     assert!(
         used <= BUDGET_USED,
         "a leaf with its clients used holds {used} B, over its budget of {BUDGET_USED} B"
+    );
+    assert!(
+        released <= BUDGET_REGISTERED,
+        "a leaf whose clients were released holds {released} B, over a registered leaf's {BUDGET_REGISTERED} B"
     );
 }

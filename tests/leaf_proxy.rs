@@ -250,7 +250,7 @@ fn without_its_proxy_url_the_leaf_is_unreachable_with_a_clear_error() {
             let leaf = relaylet::leaf::Leaf::from_kubeconfig("leaf-1", "n", yaml, &metrics, false)
                 .await
                 .unwrap();
-            let pods: Api<Pod> = Api::namespaced(leaf.client().clone(), "default");
+            let pods: Api<Pod> = Api::namespaced(leaf.client(), "default");
             let got = pods.list(&ListParams::default()).await;
             if through_proxy {
                 assert!(got.is_ok(), "{got:?}");

@@ -4,7 +4,7 @@
 //! interactive shell may be quiet for hours; relaylet enforces its own idle timeout) and no
 //! retries (a retried exec would run a command twice).
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use kube::Client;
 
@@ -40,8 +40,9 @@ pub(super) struct LeafClients {
     dialer: LeafDialer,
     metrics: Metrics,
     spare: bool,
-    api: OnceLock<Client>,
-    stream: OnceLock<Client>,
+    /// Built on first use; dropped by [`LeafClients::release`].
+    api: Mutex<Option<Client>>,
+    stream: Mutex<Option<Client>>,
 }
 
 impl LeafClients {
@@ -60,20 +61,37 @@ impl LeafClients {
             dialer,
             metrics: metrics.clone(),
             spare,
-            api: OnceLock::new(),
-            stream: OnceLock::new(),
+            api: Mutex::new(None),
+            stream: Mutex::new(None),
         }
     }
 
     /// The client for ordinary API calls, built on first use.
-    pub(super) fn api(&self) -> &Client {
-        self.api.get_or_init(|| self.or_failing(self.build_api()))
+    pub(super) fn api(&self) -> Client {
+        self.get_or_build(&self.api, Self::build_api)
     }
 
-    /// The client for relayed streams, built on first use.
-    pub(super) fn stream(&self) -> &Client {
-        self.stream
-            .get_or_init(|| self.or_failing(self.build_stream()))
+    pub(super) fn stream(&self) -> Client {
+        self.get_or_build(&self.stream, Self::build_stream)
+    }
+
+    /// Drops both clients, their connections and TLS state; the next use builds them again.
+    /// Calls in flight keep their own handle of the client until they end.
+    pub(super) fn release(&self) {
+        for slot in [&self.api, &self.stream] {
+            slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+    }
+
+    fn get_or_build(
+        &self,
+        slot: &Mutex<Option<Client>>,
+        build: fn(&Self) -> Result<Client, kube::Error>,
+    ) -> Client {
+        // A poisoned lock only means a build panicked: the slot is then still empty or whole.
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert_with(|| self.or_failing(build(self)))
+            .clone()
     }
 
     pub(super) fn build_api(&self) -> Result<Client, kube::Error> {

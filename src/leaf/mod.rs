@@ -131,14 +131,21 @@ impl LeafError {
 
 impl Leaf {
     /// The client for ordinary API calls (reads, watches), built on first use.
-    pub fn client(&self) -> &Client {
+    pub fn client(&self) -> Client {
         self.clients.api()
     }
 
     /// The client for relayed exec/attach/port-forward/logs (no timeouts, no retries), built on
     /// first use.
-    pub fn stream_client(&self) -> &Client {
+    pub fn stream_client(&self) -> Client {
         self.clients.stream()
+    }
+
+    /// Drops the leaf's clients (a replica that no longer serves its Node): their connections,
+    /// TLS state and buffers are freed once calls in flight end, and the next use builds them
+    /// again.
+    pub fn release_clients(&self) {
+        self.clients.release();
     }
 
     /// Builds a leaf's clients from kubeconfig text; its stream connections are counted in

@@ -129,7 +129,7 @@ pub async fn verify(
     root: RootPod<'_>,
 ) -> Result<LeafPod, CounterpartError> {
     let target = target(leaf, root)?;
-    let api: Api<Pod> = Api::namespaced(leaf.client().clone(), &target.namespace);
+    let api: Api<Pod> = Api::namespaced(leaf.client(), &target.namespace);
     let found = api
         .get_metadata_opt(&target.name)
         .await

@@ -188,7 +188,7 @@ impl Controller {
                     .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
             {
                 let watch = &side.watch;
-                state.health = leaf_watch::probe(leaf.client(), watch).await;
+                state.health = leaf_watch::probe(&leaf.client(), watch).await;
                 // Not ready (or no Ready node) still means the leaf apiserver answered.
                 self.health
                     .leaf_probed(&leaf.name, !matches!(state.health, Health::Unreachable(_)));
@@ -198,7 +198,7 @@ impl Controller {
                 if state.version.is_none()
                     || (stale && matches!(state.health, Health::Ready { .. }))
                 {
-                    state.version = leaf_watch::version(leaf.client())
+                    state.version = leaf_watch::version(&leaf.client())
                         .await
                         .or(state.version.take());
                     state.version_read = Some(now);
@@ -278,7 +278,7 @@ impl Controller {
         LeafSide {
             watch: LeafWatch::start(
                 &leaf.name,
-                leaf.client(),
+                &leaf.client(),
                 self.config.leaf_bounds,
                 &self.metrics,
             ),
@@ -290,9 +290,12 @@ impl Controller {
     }
 
     /// Forgets `leaf` here once another replica serves its Node: its probes' verdict leaves
-    /// readiness (this replica no longer answers for it) and the next term probes afresh.
+    /// readiness (this replica no longer answers for it), the next term probes afresh, and
+    /// its clients (connections, TLS state) are dropped, as a leaf this replica never served
+    /// has none.
     fn stop_leaf(&self, leaf: &Leaf, state: &mut LeafLoop) {
         tracing::debug!(leaf = %leaf.name, "no longer watching the leaf: another replica serves its node");
+        leaf.release_clients();
         self.health.leaf_gone(&leaf.name);
         state.health = Health::Unreachable("not probed yet".to_string());
         state.probed_at = None;

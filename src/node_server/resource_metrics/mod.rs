@@ -296,7 +296,7 @@ impl NodeStats {
         if let LeafPodMatch::Label { key, value } = &self.rule {
             params = params.labels(&format!("{key}={value}"));
         }
-        let api: Api<Pod> = Api::all(leaf.client().clone());
+        let api: Api<Pod> = Api::all(leaf.client());
         let listed = paged(|token| {
             let params = continued(&params, token);
             let api = api.clone();
