@@ -44,9 +44,9 @@ const STATUS_HEARTBEAT: Duration = Duration::from_secs(300);
 /// How often a Ready leaf's version is read again (it changes only when the leaf is upgraded);
 /// reading it on every probe doubled the calls an idle leaf costs.
 const VERSION_EVERY: Duration = Duration::from_secs(300);
-/// How long a leaf just started here is given to list its nodes and pods before its Node is
-/// written without them (addresses only): long enough for any leaf that answers, short
-/// enough to stay well inside the 15 s a takeover may take.
+/// How long a leaf just started here is given to list its nodes and pods before its new Node
+/// is written without them (addresses only): long enough for any leaf that answers. A Node
+/// taken over is not held back by it: its addresses move at once, its status stays.
 const FIRST_LIST_WAIT: Duration = Duration::from_secs(1);
 /// How long a Node keeps the status its previous replica wrote while this replica's watches of
 /// the leaf have not listed yet; after it, the leaf is judged by its probe (NotReady when it
@@ -95,6 +95,7 @@ impl Controller {
             node_version: None,
             held: false,
             names_me: false,
+            node_exists: false,
             refused: None,
         };
         let mut tick = tokio::time::interval(RECOMPUTE);
@@ -138,6 +139,7 @@ impl Controller {
                 }
                 event = node_events.next() => {
                     state.names_me = matches!(&event, NodeEvent::Applied(node) if served_by::served_by(node) == &*self.replicas.me);
+                    state.node_exists = matches!(&event, NodeEvent::Applied(_));
                     if state.held && state.taken_away(&event, &self.replicas.me, self.config.leaf_node_ip) {
                         // Another replica writes the Node now: when this one is not assigned
                         // it (it is handing over), that is the hand-over done; when it is, the
@@ -165,14 +167,18 @@ impl Controller {
             };
             let cold = match leaf_side.as_mut() {
                 Some(side) if !side.listed => {
-                    // The first round waits a moment for the first listing; later ones only
-                    // look.
-                    let wait =
-                        if state.probed_at.is_none() && side.started.elapsed() < FIRST_LIST_WAIT {
-                            FIRST_LIST_WAIT
-                        } else {
-                            Duration::ZERO
-                        };
+                    // The first round of a Node not there yet waits a moment for the first
+                    // listing, so the Node is created with its status; a Node taken over keeps
+                    // its status anyway, so that round writes its addresses at once. Later
+                    // rounds only look.
+                    let wait = if state.probed_at.is_none()
+                        && !state.node_exists
+                        && side.started.elapsed() < FIRST_LIST_WAIT
+                    {
+                        FIRST_LIST_WAIT
+                    } else {
+                        Duration::ZERO
+                    };
                     let (leaf, root) = tokio::join!(
                         side.watch.settled_within(wait),
                         side.pods.listed_within(wait)
@@ -527,6 +533,8 @@ struct LeafLoop {
     held: bool,
     /// Whether the Node, as last watched, names this replica (held or not).
     names_me: bool,
+    /// Whether the Node exists, as last watched (another replica's status is then on it).
+    node_exists: bool,
     /// Why the Node was last refused (it is not ours), so that is logged once.
     refused: Option<String>,
 }
