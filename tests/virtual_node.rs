@@ -2012,3 +2012,52 @@ async fn a_node_handed_to_a_renewing_ghost_is_taken_back() {
     .await
     .expect("test timed out");
 }
+
+/// The leader deletes this install's Nodes whose leaf is not registered (their Secrets went
+/// while no relaylet ran), also when they are more than one page of its look (100), and leaves
+/// another install's Node alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_nodes_are_collected_page_by_page() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let root = root_cluster(None).await;
+        let store = root.api.store().clone();
+        let labelled = |name: String, owner: &str| Node {
+            metadata: ObjectMeta {
+                name: Some(name),
+                labels: Some(BTreeMap::from([
+                    (
+                        "app.kubernetes.io/managed-by".to_string(),
+                        "relaylet".to_string(),
+                    ),
+                    ("relaylet.io/owner".to_string(), owner.to_string()),
+                ])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        const ORPHANS: usize = 150;
+        for i in 0..ORPHANS {
+            store
+                .create_typed(&labelled(format!("relaylet-gone-{i}"), NAMESPACE))
+                .expect("orphan node");
+        }
+        store
+            .create_typed(&labelled("relaylet-theirs".to_string(), "another-install"))
+            .expect("another install's node");
+        let replica = Replica::start(&root, "relaylet-0", "127.0.0.1", 0, &[]).await;
+        // Its first look, all pages of it, deletes every orphan (the next is 30 s later).
+        wait_for("the first orphan check", || {
+            (counter(&replica, "relaylet_orphan_checks_total") >= 1.0).then_some(())
+        })
+        .await;
+        let names: Vec<String> = store
+            .list_typed::<Node>(None)
+            .expect("nodes")
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect();
+        assert_eq!(names, vec!["relaylet-theirs".to_string()]);
+    })
+    .await
+    .expect("test timed out");
+}
