@@ -13,6 +13,7 @@
 //! previous replica wrote (conditions, capacity, node info) as it is.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,9 @@ use super::{Controller, Ownership, SyncError, patch_params, served_by};
 use crate::leaf::Leaf;
 use crate::routing::pod_index::NodePods;
 
+/// How many of the Node's own recent versions a loop remembers (a claim, labels, a status
+/// write: the events of one round's writes).
+const KNOWN_VERSIONS: usize = 4;
 /// How often each leaf's Node is recomputed (written only when it changed).
 const RECOMPUTE: Duration = Duration::from_secs(2);
 /// How often the leaf's health is probed.
@@ -93,6 +97,7 @@ impl Controller {
             lease_renewed: None,
             node_uid: None,
             node_version: None,
+            known_versions: VecDeque::new(),
             held: false,
             names_me: false,
             node_exists: false,
@@ -352,10 +357,10 @@ impl Controller {
             } else {
                 self.keep_labels_and_taints(leaf, &held, &info).await?
             };
-            state.node_version = match kept {
+            state.known(match kept {
                 Some(written) => written.metadata.resource_version,
                 None => held.metadata.resource_version.clone(),
-            };
+            });
         }
         let previous_conditions = existing
             .as_ref()
@@ -434,7 +439,7 @@ impl Controller {
                     }
                 })?;
             tracing::debug!(node = %leaf.node_name, "node status written");
-            state.node_version = written.metadata.resource_version;
+            state.known(written.metadata.resource_version);
             let mut recorded = status;
             if cold {
                 // The conditions left as they were: the next full write keeps their
@@ -529,6 +534,9 @@ struct LeafLoop {
     /// write carries it, so none lands on a Node changed since (taken by another replica while
     /// this one was starved, say): the apiserver answers 409 and the Node is read again.
     node_version: Option<String>,
+    /// The Node's last few resourceVersions this loop wrote or acted on in this term: their
+    /// events arrive after the loop has moved on, and are nobody else's change.
+    known_versions: VecDeque<String>,
     /// Whether this replica writes the Node (its `served-by` names it).
     held: bool,
     /// Whether the Node, as last watched, names this replica (held or not).
@@ -582,12 +590,25 @@ impl LeafLoop {
         served_by::served_by(node) != me && first_address != Some(my_ip.to_string().as_str())
     }
 
+    /// Records the Node's version as this loop just wrote (or read and acted on) it: the
+    /// version its next write is guarded by, and one whose event is no news.
+    fn known(&mut self, version: Option<String>) {
+        if let Some(version) = &version {
+            if self.known_versions.len() >= KNOWN_VERSIONS {
+                self.known_versions.pop_front();
+            }
+            self.known_versions.push_back(version.clone());
+        }
+        self.node_version = version;
+    }
+
     /// Stops writing the Node: another replica does (or will).
     fn let_go(&mut self, controller: &Controller, node: &str) {
         self.held = false;
         self.written = None;
         self.node_uid = None;
         self.node_version = None;
+        self.known_versions.clear();
         self.lease_renewed = None;
         controller.set_served(node, false);
     }
@@ -598,6 +619,16 @@ impl LeafLoop {
         let NodeEvent::Applied(node) = event else {
             return self.node_uid.is_some();
         };
+        // The late event of this loop's own write (a claim, then its status written before
+        // the claim's event came): not a change by someone else.
+        if node
+            .metadata
+            .resource_version
+            .as_ref()
+            .is_some_and(|v| self.known_versions.contains(v))
+        {
+            return false;
+        }
         if self.node_uid.is_none() {
             // Not written yet (or being restored): the loop's next round reads it anyway.
             return false;
