@@ -3,7 +3,8 @@
 //! - Connections: `listener` (accepting until shutdown), `read_ahead` (large reads under TLS),
 //!   `api_client` (the kube client of ordinary calls to the root and to each leaf),
 //!   `conn_pool` (the few HTTP/2 connections those calls and watches share),
-//!   `read_limits` (how much of one leaf answer is read).
+//!   `read_limits` (how much of one leaf answer is read), `paged` (a LIST read a page at a
+//!   time).
 //! - Caps: `limits` (connections, sessions and log streams against the configured caps),
 //!   `proven` (the certificate callers authorized lately, who skip the small budget),
 //!   `token_bucket` (the budget of work strangers can cause).
@@ -20,6 +21,7 @@ pub mod limits;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
+pub mod paged;
 pub mod proven;
 pub mod read_ahead;
 pub mod read_limits;

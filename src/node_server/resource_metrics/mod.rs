@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, ObjectList};
+use kube::api::ListParams;
 use kube::{Api, Client};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
@@ -37,6 +37,7 @@ use reuse::Reuse;
 use crate::leaf::{Leaf, Registry};
 use crate::model::counterpart::LeafPodMatch;
 use crate::model::quantity::Milli;
+use crate::ops::paged::{continued, page_of, paged};
 use crate::routing::proof::{self as counterpart, LeafPod, RootPod};
 
 /// The least a CPU counter reports: 1 µs, which survives metrics-server's conversion of the
@@ -445,40 +446,6 @@ fn container_start(pod: &Pod, container: &str) -> Option<Timestamp> {
         .started_at
         .as_ref()
         .map(|t| t.0)
-}
-
-/// `params` for the page after `token` (the first page without one).
-fn continued(params: &ListParams, token: Option<String>) -> ListParams {
-    match token {
-        Some(token) => params.clone().continue_token(&token),
-        None => params.clone(),
-    }
-}
-
-/// One page of a LIST: its items and the continue token of the next, if any.
-type Page<T> = (Vec<T>, Option<String>);
-
-/// Every item of a LIST, read page by page: `page` reads the page after a continue token.
-async fn paged<T, E, F, P>(mut page: P) -> Result<Vec<T>, E>
-where
-    P: FnMut(Option<String>) -> F,
-    F: Future<Output = Result<Page<T>, E>>,
-{
-    let mut items = Vec::new();
-    let mut token = None;
-    loop {
-        let (list, next) = page(token.take()).await?;
-        items.extend(list);
-        match next {
-            Some(next) if !next.is_empty() => token = Some(next),
-            _ => return Ok(items),
-        }
-    }
-}
-
-/// A kube LIST's page.
-fn page_of<T: Clone>(list: ObjectList<T>) -> Page<T> {
-    (list.items, list.metadata.continue_)
 }
 
 /// Every PodMetrics the leaf has, in pages (filtered by the caller).
