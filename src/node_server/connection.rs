@@ -176,8 +176,7 @@ pub async fn serve(
 /// apiserver's calls need and is then cached for them. One check for concurrent connections of
 /// the caller; a root apiserver that does not answer in [`PROOF_TIMEOUT`] leaves it unproven.
 async fn proven(server: &NodeServer, this: &ThisNode, caller: &Caller, who: &CertCaller) -> bool {
-    let node = this.name().unwrap_or("");
-    let access = Access::for_call(Kind::Exec, &http::Method::POST, node);
+    let access = Access::for_call(Kind::Exec, &http::Method::POST, this.to_authorize());
     let proven = server
         .gate
         .proven()

@@ -44,13 +44,6 @@ impl NodeServer {
     }
 }
 
-/// The node a node-level path is authorized against: this listener's node, or on the shared
-/// port every node (an empty name), whatever the registry holds, so the answer to a caller
-/// without rights does not depend on how many nodes there are.
-fn node_to_authorize(this: &ThisNode) -> &str {
-    this.name().unwrap_or("")
-}
-
 /// The virtual node a node-level path is about (see `node_for_path`), once the caller is
 /// authorized for the path (`Access::for_path`, as a 1.36 kubelet does it).
 pub(super) struct AuthorizedNode(String);
@@ -66,9 +59,9 @@ impl FromRequestParts<Arc<NodeServer>> for AuthorizedNode {
         parts: &mut Parts,
         server: &Arc<NodeServer>,
     ) -> Result<Self, Refusal> {
-        let this = ThisNode::of(&parts.extensions)?.clone();
-        authorize_path(parts, server, node_to_authorize(&this)).await?;
-        Ok(AuthorizedNode(server.node_for_path(&this)?))
+        let this = ThisNode::of(&parts.extensions)?;
+        authorize_path(parts, server, this.to_authorize()).await?;
+        Ok(AuthorizedNode(server.node_for_path(this)?))
     }
 }
 
@@ -79,8 +72,12 @@ impl FromRequestParts<Arc<NodeServer>> for AuthorizedAnyNode {
         parts: &mut Parts,
         server: &Arc<NodeServer>,
     ) -> Result<Self, Refusal> {
-        let this = ThisNode::of(&parts.extensions)?.clone();
-        authorize_path(parts, server, node_to_authorize(&this)).await?;
+        authorize_path(
+            parts,
+            server,
+            ThisNode::of(&parts.extensions)?.to_authorize(),
+        )
+        .await?;
         Ok(AuthorizedAnyNode)
     }
 }

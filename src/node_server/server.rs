@@ -41,6 +41,13 @@ impl ThisNode {
         self.0.as_deref()
     }
 
+    /// The node a caller is authorized against for what this listener serves: its node, or on
+    /// the shared port every node (an empty name), whatever the registry holds, so the answer
+    /// to a caller without rights does not depend on how many nodes there are.
+    pub fn to_authorize(&self) -> &str {
+        self.name().unwrap_or("")
+    }
+
     /// The node of `extensions`' request. A request that did not come through a connection
     /// (none does) is refused rather than served as the shared port's.
     pub fn of(extensions: &http::Extensions) -> Result<&ThisNode, crate::model::status::Refusal> {
