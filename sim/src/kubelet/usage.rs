@@ -289,7 +289,16 @@ mod tests {
             .spawn()
             .expect("sh starts");
         let group = child.id() as i32;
-        let first = read_groups(&[group])[0];
+        // A process just exec'd has no pages resident until it first runs, which on a busy
+        // machine can be a while: wait for that too.
+        let mut first = read_groups(&[group])[0];
+        for _ in 0..500 {
+            if first.memory_bytes > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            first = read_groups(&[group])[0];
+        }
         assert!(first.memory_bytes > 0, "a live process has resident memory");
         let mut later = first;
         // Wait for the event (CPU time moving), bounded against a hang.
