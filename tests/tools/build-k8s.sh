@@ -5,6 +5,10 @@
 # its binaries. A second run with the same pins (and the same leafkubelet source) reuses the
 # binaries.
 #
+#   tests/tools/build-k8s.sh [1.35] [1.37]     the versions named (default both), and what they share
+#
+# (.ci/run builds 1.35 first, so the tests that need only it start while 1.37 compiles.)
+#
 #   kube-apiserver, kube-controller-manager  k8s.io/kubernetes, one module per version:
 #                                            tests/realk8s/k8s (1.35), tests/realk8s/k8s-1.37
 #   etcd                                     go.etcd.io/etcd/server/v3 (tests/realk8s/etcd)
@@ -15,6 +19,8 @@
 #                                            replaces streaming_135.go
 #   metrics-server                           sigs.k8s.io/metrics-server (tests/realk8s/metrics-server)
 #   proxy-server, proxy-agent                sigs.k8s.io/apiserver-network-proxy (tests/realk8s/konnectivity)
+#                                            against Kubernetes 1.35's libraries
+#                                            (tests/tools/align-go-pins.sh), so compiled once
 #
 # Cache: $RELAYLET_K8S_CACHE, else ${XDG_CACHE_HOME:-~/.cache}/relaylet/k8s. Nothing built
 # lands in the repository. A component that does not build stops this script with Go's error.
@@ -25,6 +31,17 @@ command -v go >/dev/null || {
 }
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 src="$root/tests/realk8s"
+versions=("$@")
+[ ${#versions[@]} -gt 0 ] || versions=(1.35 1.37)
+for v in "${versions[@]}"; do
+  case "$v" in
+    1.35 | 1.37) ;;
+    *)
+      echo "build-k8s.sh: no Kubernetes $v here: 1.35 or 1.37" >&2
+      exit 2
+      ;;
+  esac
+done
 cache="${RELAYLET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/k8s}"
 # One build at a time per cache: a test that runs this script while another run builds would
 # otherwise race it for the same outputs (seen: `mv: cannot stat .../etcd.tmp`).
@@ -40,23 +57,33 @@ ms_version="$(cd "$src/metrics-server" && go list -m -f '{{.Version}}' sigs.k8s.
 }
 ms_pins="$(cat "$src/metrics-server/go.mod" "$src/metrics-server/go.sum" | sha256sum | cut -c1-16)"
 ms="$cache/metrics-server-$ms_version-$ms_pins/bin"
+etcd_pins="$(cat "$src/etcd/go.mod" "$src/etcd/go.sum" | sha256sum | cut -c1-16)"
+etcd_bin="$cache/etcd-$etcd_version-$etcd_pins/bin"
 
 # build DIR DEST OUT PKG [LDFLAGS [GOFLAGS...]]: go build in DIR unless DEST/OUT exists.
 # No DWARF, neither compiled (-dwarf=false) nor linked (-w): nobody debugs these binaries, and
 # it is compile time and build cache a cold run would spend. Stack traces do not need it.
+# No -trimpath: with it Go's build cache keys a replaced module's packages by the version
+# required, not the one built, so konnectivity, aligned with Kubernetes 1.35's libraries by
+# replacements (tests/tools/align-go-pins.sh), would compile them again.
 build() {
   local dir="$1" dest="$2" out="$3" pkg="$4" ldflags="${5:-}"
   shift 5 || shift $#
   if [ ! -x "$dest/$out" ]; then
     echo "build-k8s.sh: building $out ($pkg${*:+ $*})" >&2
     # -s -w: no symbol table or DWARF (panics still print stacks); shorter links, smaller files.
-    (cd "$dir" && go build -trimpath -gcflags=all=-dwarf=false "$@" -ldflags "-s -w $ldflags" -o "$dest/$out.tmp" "$pkg")
+    (cd "$dir" && go build -gcflags=all=-dwarf=false "$@" -ldflags "-s -w $ldflags" -o "$dest/$out.tmp" "$pkg")
     mv "$dest/$out.tmp" "$dest/$out"
   fi
 }
 
-mkdir -p "$ms"
+# konnectivity builds against Kubernetes 1.35's libraries; say so when a pin changed without
+# realigning it (it still builds, compiling those libraries again).
+"$root/tests/tools/align-go-pins.sh" --check "$src/konnectivity" || true
+mkdir -p "$ms" "$etcd_bin"
 build "$src/metrics-server" "$ms" metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server
+# etcd, one build for both Kubernetes versions.
+build "$src/etcd" "$etcd_bin" etcd . ""
 
 # kubernetes MODDIR [TAG]: one Kubernetes version's components, from the go.mod in MODDIR;
 # leafkubelet's source is always tests/realk8s/k8s, built with MODDIR's go.mod and TAG.
@@ -72,25 +99,25 @@ kubernetes() {
   # The upstream components are keyed by the pins alone, leafkubelet by its source as well, so
   # changing leafkubelet does not relink kube-apiserver.
   local pins ours
-  pins="$(cat "$modfile" "$sumfile" "$src/etcd/go.mod" "$src/etcd/go.sum" | sha256sum | cut -c1-16)"
+  pins="$(cat "$modfile" "$sumfile" | sha256sum | cut -c1-16)"
   ours="$({ echo "$version $tag"; cat "$sumfile"; find "$src/k8s" -name '*.go' -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)"
-  local bin="$cache/$version-etcd-$etcd_version-$pins/bin" own="$cache/leafkubelet-$ours/bin"
+  local bin="$cache/$version-$pins/bin" own="$cache/leafkubelet-$ours/bin"
   mkdir -p "$bin" "$own"
   local minor="${version#v1.}"
   minor="${minor%%.*}"
   local version_flags="-X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
   local mod=(-modfile="$modfile")
-  build "$src/etcd" "$bin" etcd . ""
   build "$src/k8s" "$bin" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$version_flags" "${mod[@]}"
   build "$src/k8s" "$bin" kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$version_flags" "${mod[@]}"
   build "$src/k8s" "$own" leafkubelet ./cmd/leafkubelet "$version_flags" "${mod[@]}" ${tag:+-tags "$tag"}
   # The tests' view of this version: links to every binary, in a directory keyed by all of
   # them, so checkouts with different leafkubelet sources (or pins) never swap each other's.
   local view
-  view="$cache/view-$version-$(echo "$bin $own $ms $konn" | sha256sum | cut -c1-16)/bin"
+  view="$cache/view-$version-$(echo "$bin $own $ms $konn $etcd_bin" | sha256sum | cut -c1-16)/bin"
   mkdir -p "$view"
   local b
-  for b in etcd kube-apiserver kube-controller-manager; do ln -sfn "$bin/$b" "$view/$b"; done
+  for b in kube-apiserver kube-controller-manager; do ln -sfn "$bin/$b" "$view/$b"; done
+  ln -sfn "$etcd_bin/etcd" "$view/etcd"
   ln -sfn "$own/leafkubelet" "$view/leafkubelet"
   ln -sfn "$ms/metrics-server" "$view/metrics-server"
   ln -sfn "$konn/proxy-server" "$view/proxy-server"
@@ -115,5 +142,9 @@ build "$konn_dir" "$konn" proxy-server sigs.k8s.io/apiserver-network-proxy/cmd/s
 build "$konn_dir" "$konn" proxy-agent sigs.k8s.io/apiserver-network-proxy/cmd/agent
 echo "build-k8s.sh: konnectivity (apiserver-network-proxy) $konn_version" >&2
 
-kubernetes "$src/k8s"
-kubernetes "$src/k8s-1.37" k8s137
+for v in "${versions[@]}"; do
+  case "$v" in
+    1.35) kubernetes "$src/k8s" ;;
+    1.37) kubernetes "$src/k8s-1.37" k8s137 ;;
+  esac
+done

@@ -61,7 +61,9 @@ if [ ! -f "$out/.done" ]; then
   minor="${minor%%.*}"
   for cmd in kubelet kube-scheduler; do
     echo "build-node.sh: building $cmd $version" >&2
-    (cd "$src" && go build -trimpath -gcflags=all=-dwarf=false \
+    # No -trimpath, as build-k8s.sh builds the control plane: the packages they share are
+    # then compiled once.
+    (cd "$src" && go build -gcflags=all=-dwarf=false \
       -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
       -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
     mv "$out/$cmd.tmp" "$out/$cmd"

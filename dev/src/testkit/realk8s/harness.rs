@@ -49,35 +49,32 @@ impl K8s {
         &self.built().1
     }
 
+    /// What build-k8s.sh built for this version (only this one, so a test of 1.35 does not
+    /// wait for 1.37 to compile): its `version directory` line.
     fn built(self) -> &'static (String, PathBuf) {
-        let prefix = format!("v{}.", self.minor());
-        built()
-            .iter()
-            .find(|(version, _)| version.starts_with(&prefix))
-            .unwrap_or_else(|| panic!("tests/tools/build-k8s.sh built no Kubernetes {prefix}x"))
+        static BUILT: [OnceLock<(String, PathBuf)>; 2] = [OnceLock::new(), OnceLock::new()];
+        BUILT[self as usize].get_or_init(|| {
+            let minor = self.minor();
+            let script = crate::workspace_root().join("tests/tools/build-k8s.sh");
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg(minor)
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("running tests/tools/build-k8s.sh");
+            assert!(
+                out.status.success(),
+                "tests/tools/build-k8s.sh {minor} failed (its output is above): the real Kubernetes components did not build"
+            );
+            let prefix = format!("v{minor}.");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|line| line.split_once(' '))
+                .find(|(version, _)| version.starts_with(&prefix))
+                .map(|(version, dir)| (version.to_string(), PathBuf::from(dir.trim())))
+                .unwrap_or_else(|| panic!("tests/tools/build-k8s.sh built no Kubernetes {prefix}x"))
+        })
     }
-}
-
-/// What build-k8s.sh built: one `version directory` line per Kubernetes version.
-fn built() -> &'static [(String, PathBuf)] {
-    static BUILT: OnceLock<Vec<(String, PathBuf)>> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let script = crate::workspace_root().join("tests/tools/build-k8s.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("running tests/tools/build-k8s.sh");
-        assert!(
-            out.status.success(),
-            "tests/tools/build-k8s.sh failed (its output is above): the real Kubernetes components did not build"
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| line.split_once(' '))
-            .map(|(version, dir)| (version.to_string(), PathBuf::from(dir.trim())))
-            .collect()
-    })
 }
 
 /// Tells the run's output which versions a world runs, before anything is built or started;
