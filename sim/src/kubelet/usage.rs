@@ -248,6 +248,17 @@ mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
 
+    /// A child process killed and reaped when dropped, so a failing assertion never leaves it
+    /// running (a spinning shell left by a failed run took half a core for an hour).
+    struct Reaped(std::process::Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     #[test]
     fn a_stat_line_with_spaces_and_parentheses_in_the_name_parses() {
         let line = "4242 (my (odd) prog) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 123 10000000 321 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
@@ -256,12 +267,14 @@ mod tests {
 
     #[test]
     fn a_sleeping_process_has_some_cpu_time_already() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("60")
-            .process_group(0)
-            .spawn()
-            .expect("sleep starts");
-        let group = child.id() as i32;
+        let child = Reaped(
+            std::process::Command::new("sleep")
+                .arg("60")
+                .process_group(0)
+                .spawn()
+                .expect("sleep starts"),
+        );
+        let group = child.0.id() as i32;
         let mut usage = Usage::default();
         // exec itself puts the process on a CPU; wait for it to have run.
         for _ in 0..500 {
@@ -271,8 +284,7 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        drop(child);
         assert!(
             usage.cpu_seconds > 0.0 && usage.cpu_seconds < 1.0,
             "{usage:?}"
@@ -283,12 +295,14 @@ mod tests {
     #[test]
     fn a_busy_process_group_shows_cpu_time_and_memory() {
         // A shell that spins until killed: its group accrues CPU time; compare two reads.
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .process_group(0)
-            .spawn()
-            .expect("sh starts");
-        let group = child.id() as i32;
+        let child = Reaped(
+            std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .process_group(0)
+                .spawn()
+                .expect("sh starts"),
+        );
+        let group = child.0.id() as i32;
         // A process just exec'd has no pages resident until it first runs, which on a busy
         // machine can be a while: wait for that too.
         let mut first = read_groups(&[group])[0];
@@ -309,8 +323,7 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        drop(child);
         assert!(
             later.cpu_seconds > first.cpu_seconds,
             "{first:?} then {later:?}"
