@@ -43,11 +43,11 @@ for v in "${versions[@]}"; do
   esac
 done
 cache="${RELAYLET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/k8s}"
-# One build at a time per cache: a test that runs this script while another run builds would
-# otherwise race it for the same outputs (seen: `mv: cannot stat .../etcd.tmp`).
+# Runs at once take turns per output (build() below), not per cache: two runs building the same
+# binary would race for it (seen: `mv: cannot stat .../etcd.tmp`), but a test asking for 1.35,
+# already built, must not wait for another run compiling 1.37 (seen: a lane of .ci/run idle for
+# the 8 minutes 1.37 took).
 mkdir -p "$cache"
-exec 9>"$cache/.build.lock"
-flock 9
 
 etcd_version="$(cd "$src/etcd" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 ms_version="$(cd "$src/metrics-server" && go list -m -f '{{.Version}}' sigs.k8s.io/metrics-server)"
@@ -69,12 +69,23 @@ etcd_bin="$cache/etcd-$etcd_version-$etcd_pins/bin"
 build() {
   local dir="$1" dest="$2" out="$3" pkg="$4" ldflags="${5:-}"
   shift 5 || shift $#
-  if [ ! -x "$dest/$out" ]; then
+  [ ! -x "$dest/$out" ] || return 0
+  (
+    flock 8
+    # Another run may have built it while this one waited.
+    [ ! -x "$dest/$out" ] || exit 0
     echo "build-k8s.sh: building $out ($pkg${*:+ $*})" >&2
     # -s -w: no symbol table or DWARF (panics still print stacks); shorter links, smaller files.
     (cd "$dir" && go build -gcflags=all=-dwarf=false "$@" -ldflags "-s -w $ldflags" -o "$dest/$out.tmp" "$pkg")
     mv "$dest/$out.tmp" "$dest/$out"
-  fi
+  ) 8>"$dest/.$out.lock"
+}
+
+# link TARGET LINK: LINK points at TARGET, replaced in one rename so a run reading it meanwhile
+# never finds it missing.
+link() {
+  [ "$(readlink "$2" 2>/dev/null)" != "$1" ] || return 0
+  ln -sfn "$1" "$2.$$" && mv -Tf "$2.$$" "$2"
 }
 
 # konnectivity builds against Kubernetes 1.35's libraries; say so when a pin changed without
@@ -116,12 +127,12 @@ kubernetes() {
   view="$cache/view-$version-$(echo "$bin $own $ms $konn $etcd_bin" | sha256sum | cut -c1-16)/bin"
   mkdir -p "$view"
   local b
-  for b in kube-apiserver kube-controller-manager; do ln -sfn "$bin/$b" "$view/$b"; done
-  ln -sfn "$etcd_bin/etcd" "$view/etcd"
-  ln -sfn "$own/leafkubelet" "$view/leafkubelet"
-  ln -sfn "$ms/metrics-server" "$view/metrics-server"
-  ln -sfn "$konn/proxy-server" "$view/proxy-server"
-  ln -sfn "$konn/proxy-agent" "$view/proxy-agent"
+  for b in kube-apiserver kube-controller-manager; do link "$bin/$b" "$view/$b"; done
+  link "$etcd_bin/etcd" "$view/etcd"
+  link "$own/leafkubelet" "$view/leafkubelet"
+  link "$ms/metrics-server" "$view/metrics-server"
+  link "$konn/proxy-server" "$view/proxy-server"
+  link "$konn/proxy-agent" "$view/proxy-agent"
   echo "build-k8s.sh: kubernetes $version, etcd $etcd_version, metrics-server $ms_version" >&2
   echo "$version $view"
 }
