@@ -22,6 +22,8 @@ command -v go >/dev/null || {
 }
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 src="$root/tests/realk8s/kubelet"
+# The Go collector off until 3 GiB, as in build-k8s.sh (less CPU, the same cache keys).
+export GOGC="${GOGC:-off}" GOMEMLIMIT="${GOMEMLIMIT:-3GiB}"
 cache="${RELAYLET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/k8s}"
 mkdir -p "$cache"
 exec 9>"$cache/.node.lock"
