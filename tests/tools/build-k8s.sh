@@ -31,9 +31,10 @@ command -v go >/dev/null || {
 }
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 src="$root/tests/realk8s"
-# Go's compiler and linker with the collector off until a process holds 3 GiB: about 11 % less
-# CPU for these builds (etcd from an empty build cache: 141 -> 126 CPU-s), in memory this
-# machine has (two at once). Neither setting is part of Go's build cache keys. Also build-node.sh.
+# Go's compiler and linker with the collector off until a process holds 3 GiB: less CPU (etcd
+# from an empty build cache: 141 -> 126 CPU-s; every Go build of a cold .ci/run: 2,368 -> 2,174),
+# in memory this machine has (two at once). Neither setting is part of Go's build cache keys.
+# Also build-node.sh.
 export GOGC="${GOGC:-off}" GOMEMLIMIT="${GOMEMLIMIT:-3GiB}"
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(1.35 1.37)
