@@ -705,30 +705,31 @@ fn served_by(node: &Node) -> String {
         .unwrap_or_default()
 }
 
-/// Waits until every one of `nodes` is Ready, names one of `live` (pod name -> IP) as its
-/// writer with that replica's address first, and no replica writes more than its even share;
-/// each node's replica.
+/// Waits until every one of `nodes` is Ready and written by the replica the assignment over
+/// `live` (pod name -> IP) gives it, with that replica's address first: the state the replicas
+/// settle in. An even spread alone is not enough: a replica that counted its peers late may
+/// hold a Node for a moment that is assigned elsewhere, and hands it back. Each node's replica.
 async fn spread_over(
     store: &Store,
     nodes: &[String],
     live: &BTreeMap<&str, &str>,
 ) -> BTreeMap<String, String> {
-    let room = nodes.len().div_ceil(live.len());
-    wait_for("the nodes spread evenly over the live replicas", || {
+    let assignment = relaylet::replicas::assignment::Assignment::compute(
+        nodes.iter().map(String::as_str),
+        live.keys().copied(),
+    );
+    wait_for("the nodes written by the replicas assigned them", || {
         let mut owners = BTreeMap::new();
         for name in nodes {
             let node = store.get_typed::<Node>("", name).ok()?;
             let owner = served_by(&node);
+            (assignment.replica_of(name) == Some(owner.as_str())).then_some(())?;
             let ip = live.get(owner.as_str())?;
             let address = first_address(&node)?.1;
             (is_ready(&node) && address == *ip).then_some(())?;
             owners.insert(name.clone(), owner);
         }
-        let mut loads: BTreeMap<&str, usize> = BTreeMap::new();
-        for owner in owners.values() {
-            *loads.entry(owner.as_str()).or_default() += 1;
-        }
-        loads.values().all(|l| *l <= room).then_some(owners)
+        Some(owners)
     })
     .await
 }
@@ -1188,19 +1189,8 @@ async fn each_leaf_is_watched_only_by_the_replica_that_serves_its_node() {
             joiner,
             Replica::start(&root, joiner, ips[joiner], port, &[]).await,
         );
-        // Evenly spread already before the newcomer takes its Node: wait for that too.
-        let owners = tokio::time::timeout(HANG, async {
-            loop {
-                let owners =
-                    spread_over(&store, &nodes, &live(&["relaylet-1", "relaylet-2", joiner])).await;
-                if owners.values().any(|o| o == joiner) {
-                    return owners;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .expect("the newcomer serves a Node");
+        let owners =
+            spread_over(&store, &nodes, &live(&["relaylet-1", "relaylet-2", joiner])).await;
         for node in &nodes {
             assert_eq!(
                 not_ready_writes_of(&store, joined, node),
