@@ -39,6 +39,32 @@ pub fn free_loopback_port() -> std::io::Result<SocketAddr> {
     TcpListener::bind(("127.0.0.1", 0))?.local_addr()
 }
 
+/// The first port of a window of `len + 1` loopback ports (`first..=first + len`) that lies
+/// below the ephemeral range, every one of them free at the time of the call: for a listener
+/// per virtual node above `NODE_SERVER_PORT` (`NODE_PORTS`). A window from a single free port
+/// could reach into the ephemeral range, where the fleet's own connections and port-0
+/// listeners had taken 79 of 1,000 ports.
+pub fn free_loopback_window(len: u16) -> std::io::Result<u16> {
+    let highest = ephemeral_start().saturating_sub(1).saturating_sub(len);
+    if highest <= LOWEST {
+        return Err(std::io::Error::other(format!(
+            "no window of {len} ports below the ephemeral range"
+        )));
+    }
+    let bases = usize::from(highest - LOWEST) / (usize::from(len) + 1) + 1;
+    let start = std::process::id() as usize % bases;
+    for i in 0..bases {
+        let first = LOWEST + (((start + i) % bases) * (usize::from(len) + 1)) as u16;
+        let free = (first..=first + len).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok());
+        if free {
+            return Ok(first);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "no free window of {len} loopback ports below the ephemeral range"
+    )))
+}
+
 /// The first port of the kernel's ephemeral range (32768 when it cannot be read).
 fn ephemeral_start() -> u16 {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -58,5 +84,17 @@ mod tests {
         assert!(a >= LOWEST && a < ephemeral_start(), "{a}");
         assert!(b >= LOWEST && b < ephemeral_start(), "{b}");
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_window_lies_below_the_ephemeral_range_and_is_free() {
+        let first = free_loopback_window(1000).unwrap();
+        assert!(
+            first >= LOWEST && first + 1000 < ephemeral_start(),
+            "{first}"
+        );
+        for port in first..=first + 1000 {
+            TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
     }
 }

@@ -56,6 +56,9 @@ const FORGET_AFTER: Duration = Duration::from_secs(120);
 /// Leases read per page when listing: a Lease may be as large as any object (about 1.5 MiB of
 /// annotations), so a listing holds at most this many at once.
 const PAGE: u32 = 32;
+/// How long after a peer's Lease would expire (as seen here) it is listed to judge it: past the
+/// duration, so the listing counts it gone unless it shows a new claim.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 /// Presence Leases remembered (to tell their writes apart) besides those that count; a Lease
 /// beyond it that breaks the rules is still ignored, and counted at every listing.
 const MAX_TRACKED: usize = 1024;
@@ -212,8 +215,17 @@ impl Replicas {
                     }
                     Err(err) => tracing::debug!(%err, "listing replica presence leases"),
                 }
+                // Listed again after the retry period, or sooner when a peer's Lease would
+                // expire first: a crashed replica's Nodes are taken as soon as its Lease is
+                // judged expired, not up to a period later.
+                let now = Instant::now();
+                let next = seen
+                    .next_expiry(now)
+                    .map(|at| at + EXPIRY_MARGIN)
+                    .filter(|at| *at < now + RETRY_PERIOD)
+                    .unwrap_or(now + RETRY_PERIOD);
                 tokio::select! {
-                    _ = tokio::time::sleep(RETRY_PERIOD) => {}
+                    _ = tokio::time::sleep_until(next) => {}
                     _ = stop.cancelled() => break,
                 }
             }
@@ -407,6 +419,17 @@ impl Seen {
         peers
     }
 
+    /// When the first Lease that counts as maybe alive now stops counting unless renewed
+    /// (`LEASE_DURATION` after this replica saw its claim change); `None` when none does.
+    fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        self.leases
+            .values()
+            .filter_map(|s| s.counted.as_ref())
+            .map(|counted| counted.changed_at + LEASE_DURATION)
+            .filter(|at| *at >= now)
+            .min()
+    }
+
     /// Presence Leases unchanged (or released) for [`FORGET_AFTER`].
     fn long_gone(&self, now: Instant) -> Vec<String> {
         self.leases
@@ -492,6 +515,33 @@ mod tests {
         let peers = listing(&mut seen, &[lease("b", Some("b"), 2)], later, &j);
         assert!(!peers.may_be_alive("b"));
         assert_eq!(peers.candidates("a", true).collect::<Vec<_>>(), ["a"]);
+    }
+
+    /// The next listing is due when the first Lease that counts would expire: then, not up to
+    /// a retry period later, its replica is judged gone.
+    #[tokio::test(start_paused = true)]
+    async fn the_next_expiry_is_that_of_the_lease_seen_changed_longest_ago() {
+        let j = judges(&Metrics::new());
+        let mut seen = Seen::default();
+        let start = Instant::now();
+        assert_eq!(seen.next_expiry(start), None);
+        listing(&mut seen, &[lease("b", Some("b"), 0)], start, &j);
+        let later = start + RETRY_PERIOD;
+        let both = [lease("b", Some("b"), 0), lease("c", Some("c"), 0)];
+        listing(&mut seen, &both, later, &j);
+        // b's claim unchanged since `start`: it expires first.
+        assert_eq!(seen.next_expiry(later), Some(start + LEASE_DURATION));
+        // b renewed: c's claim, first seen at `later`, is now the oldest.
+        let renewed = [lease("b", Some("b"), 4), lease("c", Some("c"), 0)];
+        let then = later + RETRY_PERIOD;
+        listing(&mut seen, &renewed, then, &j);
+        assert_eq!(seen.next_expiry(then), Some(later + LEASE_DURATION));
+        // Once past, an expired Lease no longer asks for a listing; a released one never does.
+        let released = [lease("b", None, 5), lease("c", Some("c"), 0)];
+        let past = later + LEASE_DURATION + EXPIRY_MARGIN;
+        let peers = listing(&mut seen, &released, past, &j);
+        assert!(!peers.may_be_alive("c"));
+        assert_eq!(seen.next_expiry(past), None);
     }
 
     #[tokio::test(start_paused = true)]

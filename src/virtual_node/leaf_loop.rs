@@ -145,6 +145,15 @@ impl Controller {
                 event = node_events.next() => {
                     state.names_me = matches!(&event, NodeEvent::Applied(node) if served_by::served_by(node) == &*self.replicas.me);
                     state.node_exists = matches!(&event, NodeEvent::Applied(_));
+                    // Handed back by its last writer (named no one) while assigned here: take it
+                    // now, not at the next round (a replica joining, or the assignment moving).
+                    if !state.held
+                        && self.assigned(&leaf.node_name)
+                        && matches!(&event, NodeEvent::Applied(node) if served_by::served_by(node).is_empty() && self.ownership(node) == Ownership::Ours)
+                    {
+                        tick.reset_immediately();
+                        continue;
+                    }
                     if state.held && state.taken_away(&event, &self.replicas.me, self.config.leaf_node_ip) {
                         // Another replica writes the Node now: when this one is not assigned
                         // it (it is handing over), that is the hand-over done; when it is, the
@@ -483,8 +492,12 @@ impl Controller {
                 // Its writer is alive: it hands the Node back when it sees the assignment.
                 return Ok(None);
             }
+            // Someone wrote the Node since it was read (its holder handing it back, another
+            // replica's claim): read it again at once, not at the next round.
             let Some(taken) = self.write_served_by(node, me).await? else {
-                return Ok(None);
+                return Err(SyncError::Changed {
+                    node: node.metadata.name.clone().unwrap_or_default(),
+                });
             };
             tracing::info!(node = ?node.metadata.name, from = %holder, "took the virtual node");
             self.metrics.virtual_node_takeovers.inc();

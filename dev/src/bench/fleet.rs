@@ -7,6 +7,7 @@
 //! own address, and measures, in one run (per replica where it says so):
 //! - the time from the leaf Secrets' creation until every virtual Node is Ready, spread over
 //!   the replicas and naming its writer's address;
+//! - the CPU time that took, per replica and in this process (the simulated clusters);
 //! - per replica, the leaves it serves and its memory per leaf it serves (RSS with the fleet
 //!   registered over RSS before any Secret, divided by the leaves it serves);
 //! - over an idle window: CPU seconds per served leaf per hour (per replica), the root
@@ -181,6 +182,14 @@ impl Figures {
     }
 }
 
+/// `NODE_PORTS` of every replica: one port per virtual node, the default unless the fleet is
+/// larger.
+fn node_ports(size: Size) -> u16 {
+    u16::try_from(size.leaves)
+        .unwrap_or(u16::MAX)
+        .max(DEFAULT_NODE_PORTS)
+}
+
 /// Measures the fleet with three replicas; the figures in order.
 pub async fn run(size: Size) -> anyhow::Result<Vec<FleetFigure>> {
     let files = tempfile::Builder::new()
@@ -208,6 +217,8 @@ async fn measure(
     // Their memory before any leaf (after their watches and caches have started).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_empty = rss_of(replicas)?;
+    let cpu_empty = cpu_of(replicas)?;
+    let sims_empty = procfs::cpu_time(std::process::id())?;
     let started = Instant::now();
     fleet.register_leaves()?;
     fleet
@@ -216,6 +227,24 @@ async fn measure(
     out.fleet(
         "fleet_time_to_all_ready",
         started.elapsed().as_secs_f64(),
+        "s",
+    );
+    // Whose CPU the start took: each replica's, and this process's (the simulated root and
+    // leaf apiservers, and the polling of the Nodes).
+    let cpu_ready = cpu_of(replicas)?;
+    for (i, r) in replicas.iter().enumerate() {
+        out.replica(
+            &r.name,
+            "fleet_ready_cpu_seconds",
+            cpu_ready[i].saturating_sub(cpu_empty[i]).as_secs_f64(),
+            "s",
+        );
+    }
+    out.fleet(
+        "fleet_ready_cpu_seconds_sims",
+        procfs::cpu_time(std::process::id())?
+            .saturating_sub(sims_empty)
+            .as_secs_f64(),
         "s",
     );
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -665,7 +694,7 @@ impl Fleet {
         let (cert, key) = (dir.join("relaylet.crt"), dir.join("relaylet.key"));
         std::fs::write(&cert, &serving.cert_pem)?;
         std::fs::write(&key, &serving.key_pem)?;
-        let port = relaylet_sim::ports::free_loopback_port()?.port();
+        let port = relaylet_sim::ports::free_loopback_window(node_ports(size))?;
         Ok(Fleet {
             size,
             root,
@@ -677,18 +706,14 @@ impl Fleet {
         })
     }
 
+    fn node_ports(&self) -> u16 {
+        node_ports(self.size)
+    }
+
     /// A free loopback port outside the replicas' node ports (`NODE_SERVER_PORT` and the
     /// `NODE_PORTS` above it, where each virtual node's listener takes the first free one):
     /// a port taken in there leaves the thousandth Node without one (seen at 1,000 leaves, with
     /// the metrics ports handed out right after `NODE_SERVER_PORT`).
-    /// `NODE_PORTS` of every replica: one port per virtual node, the default unless the fleet
-    /// is larger.
-    fn node_ports(&self) -> u16 {
-        u16::try_from(self.size.leaves)
-            .unwrap_or(u16::MAX)
-            .max(DEFAULT_NODE_PORTS)
-    }
-
     fn port_outside_node_ports(&self) -> anyhow::Result<u16> {
         let window = self.port..=self.port.saturating_add(self.node_ports());
         for _ in 0..2000 {
