@@ -101,6 +101,40 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
         "the sandbox's relaylet leads"
     );
 
+    // Two sessions on the leader: one ends when told to (a line on its stdin), the other
+    // would run long after the grace period. Opened before the second replica starts: a Node
+    // assigned to it moves there while they run, and they stay here (a session is not moved).
+    let mut short = spawn(Run::new(
+        &k,
+        &e.kubeconfig,
+        &[
+            "exec",
+            "-i",
+            "demo-1",
+            "--",
+            "sh",
+            "-c",
+            "read line; echo finished $line",
+        ],
+    ));
+    let long = spawn(Run::new(
+        &k,
+        &e.kubeconfig,
+        &[
+            "exec",
+            "demo-2",
+            "--",
+            "sh",
+            "-c",
+            "sleep 60; echo too-late",
+        ],
+    ));
+    wait_until("both sessions open", HANG, || {
+        let m = metrics(&sb.relaylet);
+        m.contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-1\"} 1")
+            && m.contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-2\"} 1")
+    });
+
     // A second replica, configured the same apart from its identity and its listeners, which
     // bind port 0 (`relaylet::start` reports the bound addresses).
     let mut config = sb.config.clone();
@@ -143,39 +177,6 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
         "{:?}",
         lease_holders(sb, started_at)
     );
-
-    // Two sessions on the leader: one ends when told to (a line on its stdin), the other
-    // would run long after the grace period.
-    let mut short = spawn(Run::new(
-        &k,
-        &e.kubeconfig,
-        &[
-            "exec",
-            "-i",
-            "demo-1",
-            "--",
-            "sh",
-            "-c",
-            "read line; echo finished $line",
-        ],
-    ));
-    let long = spawn(Run::new(
-        &k,
-        &e.kubeconfig,
-        &[
-            "exec",
-            "demo-2",
-            "--",
-            "sh",
-            "-c",
-            "sleep 60; echo too-late",
-        ],
-    ));
-    wait_until("both sessions open", HANG, || {
-        let m = metrics(&sb.relaylet);
-        m.contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-1\"} 1")
-            && m.contains("relaylet_sessions_active{kind=\"exec\",leaf=\"leaf-2\"} 1")
-    });
 
     // A connection kept alive from before (a caller without a certificate: 401).
     let mut kept = RT
