@@ -107,6 +107,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
         health: health.clone(),
         owner: owner(&config, &root),
         nodes: virtual_node::node_watch::NodeWatch::default(),
+        grid: virtual_node::rounds::Grid::starting_now(),
     });
     spawn_until(&shutdown, controller.nodes.clone().run(root.clone()));
     spawn_until(&shutdown, controller.clone().run());

@@ -24,7 +24,7 @@ pub mod warm_connector;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Secret, Taint};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -393,34 +393,49 @@ pub async fn watch_secrets(
     };
     // The Secrets of a (re)list, decided on together once it is complete.
     let mut relisted: BTreeMap<String, Secret> = BTreeMap::new();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Init) => relisted.clear(),
-            Ok(watcher::Event::InitApply(secret)) => {
-                relisted.insert(secret.metadata.name.clone().unwrap_or_default(), secret);
+    while let Some(first) = events.next().await {
+        // Every event already waiting is taken before deciding: each decision is a pass over
+        // all Secrets, and a fleet registering 1,000 leaves in a burst would otherwise make
+        // 1,000 passes over up to 1,000 Secrets (`relaylet-dev bench --only fleet`).
+        let mut batch = vec![first];
+        while let Some(Some(event)) = events.next().now_or_never() {
+            batch.push(event);
+        }
+        let (mut changed, mut synced) = (false, false);
+        for event in batch {
+            match event {
+                Ok(watcher::Event::Init) => relisted.clear(),
+                Ok(watcher::Event::InitApply(secret)) => {
+                    relisted.insert(secret.metadata.name.clone().unwrap_or_default(), secret);
+                }
+                Ok(watcher::Event::InitDone) => {
+                    secrets.secrets = std::mem::take(&mut relisted);
+                    (changed, synced) = (true, true);
+                }
+                Ok(watcher::Event::Apply(secret)) => {
+                    let name = secret.metadata.name.clone().unwrap_or_default();
+                    secrets.secrets.insert(name, secret);
+                    changed = true;
+                }
+                Ok(watcher::Event::Delete(secret)) => {
+                    let name = secret.metadata.name.clone().unwrap_or_default();
+                    secrets.secrets.remove(&name);
+                    changed = true;
+                }
+                Err(err) => tracing::warn!(%err, namespace = %namespace, "watching leaf Secrets"),
             }
-            Ok(watcher::Event::InitDone) => {
-                secrets.secrets = std::mem::take(&mut relisted);
-                secrets.reconcile().await;
-                secrets
-                    .registry
-                    .synced
-                    .store(true, std::sync::atomic::Ordering::Release);
-                // Wake subscribers even when nothing changed: a synced registry is news (the
-                // virtual node controller may now look for orphans).
-                secrets.registry.leaves.send_modify(|_| {});
-            }
-            Ok(watcher::Event::Apply(secret)) => {
-                let name = secret.metadata.name.clone().unwrap_or_default();
-                secrets.secrets.insert(name, secret);
-                secrets.reconcile().await;
-            }
-            Ok(watcher::Event::Delete(secret)) => {
-                let name = secret.metadata.name.clone().unwrap_or_default();
-                secrets.secrets.remove(&name);
-                secrets.reconcile().await;
-            }
-            Err(err) => tracing::warn!(%err, namespace = %namespace, "watching leaf Secrets"),
+        }
+        if changed {
+            secrets.reconcile().await;
+        }
+        if synced {
+            secrets
+                .registry
+                .synced
+                .store(true, std::sync::atomic::Ordering::Release);
+            // Wake subscribers even when nothing changed: a synced registry is news (the
+            // virtual node controller may now look for orphans).
+            secrets.registry.leaves.send_modify(|_| {});
         }
     }
 }
@@ -449,6 +464,16 @@ struct Seen {
     /// The leaf registered from this Secret: kept while a later version is refused for its
     /// own content, dropped when its names go to another Secret or it is deleted.
     leaf: Option<Arc<Leaf>>,
+}
+
+impl Seen {
+    /// Whether this decision still stands for `secret` with these `names`: the same version
+    /// of it, decided for good, with the same verdict on its names.
+    fn decided(&self, secret: &Secret, names: &Result<(String, String), Refusal>) -> bool {
+        self.resource_version.is_some()
+            && self.resource_version == secret.metadata.resource_version
+            && self.names == *names
+    }
 }
 
 impl LeafSecrets {
@@ -504,9 +529,17 @@ impl LeafSecrets {
         // Winners first: a node taken over from a younger Secret gets its new leaf before the
         // old one goes, so the node is never without a leaf (the controller would delete it).
         for (name, names) in winners.into_iter().chain(losers) {
-            let Some(secret) = self.secrets.get(&name).cloned() else {
+            let Some(secret) = self.secrets.get(&name) else {
                 continue;
             };
+            if self
+                .seen
+                .get(&name)
+                .is_some_and(|seen| seen.decided(secret, &names))
+            {
+                continue;
+            }
+            let secret = secret.clone();
             self.decide(&name, &secret, names).await;
         }
     }
@@ -535,13 +568,6 @@ impl LeafSecrets {
         names: Result<(String, String), Refusal>,
     ) {
         let resource_version = secret.metadata.resource_version.clone();
-        if let Some(seen) = self.seen.get(name)
-            && seen.resource_version.is_some()
-            && seen.resource_version == resource_version
-            && seen.names == names
-        {
-            return;
-        }
         let mut leaf = self.seen.remove(name).and_then(|seen| seen.leaf);
         let outcome = match &names {
             Err(refusal) => Err(refusal.clone()),

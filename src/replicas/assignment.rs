@@ -34,7 +34,7 @@ impl Assignment {
         let room = nodes.len().div_ceil(replicas.len());
         // Nodes take their turn in an order of their own hash, so no replica is favoured by
         // how nodes happen to be named.
-        nodes.sort_by_key(|n| (score(n, ""), *n));
+        nodes.sort_by_cached_key(|n| (score(n, ""), *n));
         let mut load: HashMap<&str, usize> = HashMap::new();
         let mut out = BTreeMap::new();
         for node in nodes {

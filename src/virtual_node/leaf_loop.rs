@@ -29,6 +29,7 @@ use super::desired::{self, Health};
 use super::leaf_watch::{self, LeafWatch};
 use super::node_lease::LEASE_RENEW;
 use super::node_watch::NodeEvent;
+use super::rounds::Rounds;
 use super::{Controller, Ownership, SyncError, patch_params, served_by};
 use crate::leaf::Leaf;
 use crate::routing::pod_index::NodePods;
@@ -103,8 +104,15 @@ impl Controller {
             node_exists: false,
             refused: None,
         };
-        let mut tick = tokio::time::interval(RECOMPUTE);
+        let mut tick = Rounds::every(RECOMPUTE, self.grid);
         let mut assignment = self.assignment.subscribe();
+        // This Node's replica in the assignment as last seen: the assignment changes with
+        // every leaf registered or replica seen, and only a change of this Node's replica is
+        // this loop's business (at 1,000 leaves every registration woke every loop for a round).
+        let mut replica = assignment
+            .borrow_and_update()
+            .replica_of(&leaf.node_name)
+            .map(str::to_string);
         let mut replicas = self.replicas.clone();
         let node_events = self.nodes.subscribe(&leaf.node_name);
         node_events.prime(&self.root).await;
@@ -128,17 +136,21 @@ impl Controller {
             // must move well before the root gives up on the Node. The schedule restarts from
             // now, so renewals stay exactly LEASE_RENEW apart.
             let now = tokio::select! {
-                now = tick.tick() => now,
+                now = tick.next() => now,
                 changed = assignment.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    tick.reset_immediately();
+                    let now = assignment.borrow_and_update().replica_of(&leaf.node_name).map(str::to_string);
+                    if now != replica {
+                        replica = now;
+                        tick.now();
+                    }
                     continue;
                 }
                 _ = replicas.changed() => {
                     if !state.held && self.assigned(&leaf.node_name) {
-                        tick.reset_immediately();
+                        tick.now();
                     }
                     continue;
                 }
@@ -151,7 +163,7 @@ impl Controller {
                         && self.assigned(&leaf.node_name)
                         && matches!(&event, NodeEvent::Applied(node) if served_by::served_by(node).is_empty() && self.ownership(node) == Ownership::Ours)
                     {
-                        tick.reset_immediately();
+                        tick.now();
                         continue;
                     }
                     if state.held && state.taken_away(&event, &self.replicas.me, self.config.leaf_node_ip) {
@@ -161,7 +173,7 @@ impl Controller {
                         // reads the Node to know.
                         if self.assigned(&leaf.node_name) {
                             state.node_uid = None;
-                            tick.reset_immediately();
+                            tick.now();
                         } else {
                             tracing::info!(node = %leaf.node_name, "virtual node handed over");
                             state.let_go(&self, &leaf.node_name);
@@ -174,7 +186,7 @@ impl Controller {
                         tracing::info!(node = %leaf.node_name, "virtual node deleted or changed by someone else: restoring it");
                         state.node_uid = None;
                         state.written = None;
-                        tick.reset_immediately();
+                        tick.now();
                     }
                     continue;
                 }
@@ -250,7 +262,7 @@ impl Controller {
             }
             let Some(side) = leaf_side.as_ref() else {
                 // Assigned a moment ago: the next round starts the leaf.
-                tick.reset_immediately();
+                tick.now();
                 continue;
             };
             match self
@@ -275,7 +287,7 @@ impl Controller {
                     self.metrics.node_write_conflict();
                     state.node_uid = None;
                     state.node_version = None;
-                    tick.reset_immediately();
+                    tick.now();
                 }
                 Err(err @ SyncError::NoPort { .. }) => {
                     // node_ports says why, once; this retries every round until it is bound.

@@ -38,6 +38,7 @@ pub mod leaf_pods;
 pub mod leaf_watch;
 mod node_lease;
 pub mod node_watch;
+pub mod rounds;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -95,6 +96,8 @@ pub struct Controller {
     pub owner: String,
     /// The one watch of the root's relaylet Nodes; each leaf's loop hears its own Node's events.
     pub nodes: node_watch::NodeWatch,
+    /// The grid every leaf loop's rounds fall on, so a fleet's loops share wake-ups.
+    pub grid: rounds::Grid,
 }
 
 /// Why a leaf's Node could not be kept.
