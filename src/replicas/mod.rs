@@ -201,6 +201,11 @@ impl Replicas {
                         }
                         tx.send_if_modified(|old| {
                             let changed = *old != peers;
+                            if changed {
+                                // Rare (a replica starting, stopping or dying), and what a
+                                // takeover's timeline starts from.
+                                tracing::info!(renewing = ?peers.renewing, maybe_alive = ?peers.maybe_alive, "replicas seen");
+                            }
                             *old = peers;
                             changed
                         });

@@ -135,17 +135,25 @@ impl Controller {
         crate::model::node_ownership::ownership(node, &self.owner)
     }
 
-    /// Runs one loop per leaf, following the registry, until dropped.
+    /// Runs one loop per leaf, following the registry, and the leader's look for orphaned
+    /// Nodes, until dropped. The look lists every Node of the install (10 pages at 1,000), so
+    /// it runs beside the loops' upkeep, not in it: a replica elected leader because a peer
+    /// died is about to see that peer gone, and its reassignment (its share of the takeover)
+    /// must not wait for the look to finish.
     pub async fn run(self: Arc<Self>) {
+        tokio::select! {
+            () = self.clone().follow_registry() => {}
+            () = self.look_for_orphans() => {}
+        }
+    }
+
+    /// Keeps one loop per registered leaf and the assignment current, until the registry
+    /// closes.
+    async fn follow_registry(self: Arc<Self>) {
         let mut leaves = self.registry.subscribe();
-        let mut leadership = self.leadership.clone();
         let mut replicas = self.replicas.clone();
         let mut present = self.replicas.present.clone();
         let mut loops = Loops::default();
-        let mut gc = tokio::time::interval(ORPHAN_CHECK_EVERY);
-        // Orphans are looked for as soon as this replica leads with a full registry, then
-        // every 30 s.
-        let mut checked_since_leading = false;
         loop {
             let current = leaves.borrow_and_update().clone();
             let gone: Vec<String> = loops
@@ -174,16 +182,30 @@ impl Controller {
                     (leaf, task)
                 });
             }
+            tokio::select! {
+                changed = leaves.changed() => if changed.is_err() { break },
+                _ = replicas.changed() => {}
+                _ = present.changed() => {}
+            }
+        }
+    }
+
+    /// While this replica leads: looks for orphaned Nodes as soon as it leads with a full
+    /// registry, then every 30 s.
+    async fn look_for_orphans(&self) {
+        let mut leaves = self.registry.subscribe();
+        let mut leadership = self.leadership.clone();
+        let mut gc = tokio::time::interval(ORPHAN_CHECK_EVERY);
+        let mut checked_since_leading = false;
+        loop {
             if !self.leadership.is_leader() {
                 checked_since_leading = false;
             } else if !checked_since_leading {
                 checked_since_leading = self.collect_orphans().await;
             }
             tokio::select! {
-                changed = leaves.changed() => if changed.is_err() { break },
+                changed = leaves.changed() => if changed.is_err() { return },
                 _ = leadership.changed() => {}
-                _ = replicas.changed() => {}
-                _ = present.changed() => {}
                 _ = gc.tick() => { self.collect_orphans().await; }
             }
         }
@@ -281,7 +303,10 @@ impl Controller {
             return false;
         };
         for name in orphans {
-            self.delete_node(&name).await;
+            // Registered meanwhile (the loops' upkeep runs beside this look): not an orphan.
+            if self.registry.by_node(&name).is_none() {
+                self.delete_node(&name).await;
+            }
         }
         self.metrics.orphan_checks.inc();
         true
