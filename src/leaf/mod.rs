@@ -364,6 +364,10 @@ pub struct SecretSource {
     pub owner: String,
 }
 
+/// Leaf Secret events decided on together at most: a writer who never pauses still gets
+/// decisions.
+const MAX_BATCH: usize = 1024;
+
 /// Watches labelled leaf Secrets and keeps `registry` in step until the stream ends (it only
 /// ends when the task is dropped; watch errors are retried with backoff).
 pub async fn watch_secrets(
@@ -398,7 +402,9 @@ pub async fn watch_secrets(
         // all Secrets, and a fleet registering 1,000 leaves in a burst would otherwise make
         // 1,000 passes over up to 1,000 Secrets (`relaylet-dev bench --only fleet`).
         let mut batch = vec![first];
-        while let Some(Some(event)) = events.next().now_or_never() {
+        while batch.len() < MAX_BATCH
+            && let Some(Some(event)) = events.next().now_or_never()
+        {
             batch.push(event);
         }
         let (mut changed, mut synced) = (false, false);

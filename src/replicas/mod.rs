@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use identity::Presence;
 use ignored::IgnoredLeases;
-use leader::{Holders, LEASE_DURATION, Leadership, RETRY_PERIOD};
+use leader::{Holders, LEASE_DURATION, Leadership};
 use live_pods::LivePods;
 
 /// The prefix of presence Lease names; the rest is the replica's name.
@@ -59,6 +59,12 @@ const PAGE: u32 = 32;
 /// How long after a peer's Lease would expire (as seen here) it is listed to judge it: past the
 /// duration, so the listing counts it gone unless it shows a new claim.
 const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
+/// How often the presence Leases are listed. A peer is timed from this replica's first
+/// sighting of its last renewal, so the listing's lag (up to this) adds to a takeover: at 2 s
+/// two replicas counted one killed peer gone 1.9 s apart, and the later one's share of a
+/// 1,000-leaf takeover finished after 15 s (`relaylet-dev bench --only fleet`). A listing is a
+/// read of a few small Leases per replica.
+const LIST_EVERY: Duration = Duration::from_secs(1);
 /// Presence Leases remembered (to tell their writes apart) besides those that count; a Lease
 /// beyond it that breaks the rules is still ignored, and counted at every listing.
 const MAX_TRACKED: usize = 1024;
@@ -220,15 +226,15 @@ impl Replicas {
                     }
                     Err(err) => tracing::debug!(%err, "listing replica presence leases"),
                 }
-                // Listed again after the retry period, or sooner when a peer's Lease would
-                // expire first: a crashed replica's Nodes are taken as soon as its Lease is
-                // judged expired, not up to a period later.
+                // Listed again after `LIST_EVERY`, or sooner when a peer's Lease would expire
+                // first: a crashed replica's Nodes are taken as soon as its Lease is judged
+                // expired, not up to a period later.
                 let now = Instant::now();
                 let next = seen
                     .next_expiry(now)
                     .map(|at| at + EXPIRY_MARGIN)
-                    .filter(|at| *at < now + RETRY_PERIOD)
-                    .unwrap_or(now + RETRY_PERIOD);
+                    .filter(|at| *at < now + LIST_EVERY)
+                    .unwrap_or(now + LIST_EVERY);
                 tokio::select! {
                     _ = tokio::time::sleep_until(next) => {}
                     _ = stop.cancelled() => break,
@@ -450,6 +456,8 @@ mod tests {
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
     use k8s_openapi::jiff::Timestamp;
+
+    use super::leader::RETRY_PERIOD;
 
     use super::*;
     use crate::ops::metrics::Metrics;
