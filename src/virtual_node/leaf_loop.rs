@@ -133,17 +133,19 @@ impl Controller {
             // A replica just assigned the node (or whose peers changed, so the node's holder
             // may be gone) acts at once, not at the next tick: the takeover after a crash is
             // already the presence Lease's 10 s plus a retry, and the node Lease and address
-            // must move well before the root gives up on the Node. The schedule restarts from
-            // now, so renewals stay exactly LEASE_RENEW apart.
+            // must move well before the root gives up on the Node. Regular rounds carry on a
+            // period after it (on the grid), so renewals come LEASE_RENEW to LEASE_RENEW plus
+            // one round apart.
             let now = tokio::select! {
                 now = tick.next() => now,
                 changed = assignment.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    let now = assignment.borrow_and_update().replica_of(&leaf.node_name).map(str::to_string);
-                    if now != replica {
-                        replica = now;
+                    let seen = assignment.borrow_and_update();
+                    let now = seen.replica_of(&leaf.node_name);
+                    if now != replica.as_deref() {
+                        replica = now.map(str::to_string);
                         tick.now();
                     }
                     continue;
