@@ -89,6 +89,13 @@ impl Controller {
     /// Keeps one leaf's Node and Lease up to date.
     pub(super) async fn run_leaf(self: Arc<Self>, leaf: Arc<Leaf>) {
         let mut leaf_side: Option<LeafSide> = None;
+        eprintln!(
+            "SIZES side {} watch {} nodepods {} tick {}",
+            std::mem::size_of::<LeafSide>(),
+            std::mem::size_of::<LeafWatch>(),
+            std::mem::size_of::<NodePods>(),
+            std::mem::size_of::<Rounds>()
+        );
         let mut state = LeafLoop {
             health: Health::Unreachable("not probed yet".to_string()),
             probed_at: None,
@@ -115,7 +122,7 @@ impl Controller {
             .map(str::to_string);
         let mut replicas = self.replicas.clone();
         let node_events = self.nodes.subscribe(&leaf.node_name);
-        node_events.prime(&self.root).await;
+        Box::pin(node_events.prime(&self.root)).await;
         loop {
             // The leaf is watched only while this replica serves its Node, is assigned it or
             // still hands it over.
@@ -207,10 +214,13 @@ impl Controller {
                     } else {
                         Duration::ZERO
                     };
-                    let (leaf, root) = tokio::join!(
-                        side.watch.settled_within(wait),
-                        side.pods.listed_within(wait)
-                    );
+                    let (leaf, root) = Box::pin(async {
+                        tokio::join!(
+                            side.watch.settled_within(wait),
+                            side.pods.listed_within(wait)
+                        )
+                    })
+                    .await;
                     side.listed = leaf && root;
                     side.cold()
                 }
@@ -222,7 +232,7 @@ impl Controller {
                     .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
             {
                 let watch = &side.watch;
-                state.health = leaf_watch::probe(&leaf.client(), watch).await;
+                state.health = Box::pin(leaf_watch::probe(&leaf.client(), watch)).await;
                 // Not ready (or no Ready node) still means the leaf apiserver answered.
                 self.health
                     .leaf_probed(&leaf.name, !matches!(state.health, Health::Unreachable(_)));
@@ -232,7 +242,7 @@ impl Controller {
                 if state.version.is_none()
                     || (stale && matches!(state.health, Health::Ready { .. }))
                 {
-                    state.version = leaf_watch::version(&leaf.client())
+                    state.version = Box::pin(leaf_watch::version(&leaf.client()))
                         .await
                         .or(state.version.take());
                     state.version_read = Some(now);
@@ -246,7 +256,7 @@ impl Controller {
                 // The Node may name this replica without this process holding it: a replica
                 // restarted under the same name (a StatefulSet pod, a restarted container).
                 if (state.held || state.names_me) && self.replicas.present.is_leader() {
-                    match self.hand_back(&leaf.node_name).await {
+                    match Box::pin(self.hand_back(&leaf.node_name)).await {
                         Ok(true) => {
                             state.names_me = false;
                             state.let_go(&self, &leaf.node_name);
@@ -267,10 +277,7 @@ impl Controller {
                 tick.now();
                 continue;
             };
-            match self
-                .sync_leaf(&leaf, &side.watch, cold, &mut state, now)
-                .await
-            {
+            match Box::pin(self.sync_leaf(&leaf, &side.watch, cold, &mut state, now)).await {
                 Ok(()) => state.refused = None,
                 Err(err @ SyncError::NotOurs { .. }) => {
                     // Said loudly once, not every round; retried in case the other goes.
@@ -391,7 +398,7 @@ impl Controller {
             .or_else(|| {
                 state
                     .written
-                    .as_ref()
+                    .as_deref()
                     .map(|(s, _)| s.conditions.clone().unwrap_or_default())
             })
             .unwrap_or_default();
@@ -431,7 +438,7 @@ impl Controller {
         } else {
             status
         };
-        let changed = state.written.as_ref().is_none_or(|(old, at)| {
+        let changed = state.written.as_deref().is_none_or(|(old, at)| {
             if cold {
                 // Only what a cold write says can have changed.
                 old.addresses != status.addresses || old.daemon_endpoints != status.daemon_endpoints
@@ -469,7 +476,7 @@ impl Controller {
                 // transition times.
                 recorded.conditions = written.status.and_then(|s| s.conditions);
             }
-            state.written = Some((recorded, Instant::now()));
+            state.written = Some(Box::new((recorded, Instant::now())));
         }
         if state
             .lease_renewed
@@ -553,8 +560,9 @@ struct LeafLoop {
     version: Option<String>,
     /// When `version` was last read from the leaf.
     version_read: Option<Instant>,
-    /// The status last written and when.
-    written: Option<(NodeStatus, Instant)>,
+    /// The status last written and when (boxed: every replica keeps a loop for each leaf of
+    /// the fleet, most of them never writing).
+    written: Option<Box<(NodeStatus, Instant)>>,
     lease_renewed: Option<Instant>,
     node_uid: Option<String>,
     /// The Node's resourceVersion as this replica last read or wrote it while holding it. Every
@@ -663,7 +671,7 @@ impl LeafLoop {
         if node.metadata.uid != self.node_uid || controller.ownership(node) != Ownership::Ours {
             return true;
         }
-        let Some((written, _)) = &self.written else {
+        let Some((written, _)) = self.written.as_deref() else {
             return false;
         };
         let status = node.status.as_ref();
