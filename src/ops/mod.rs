@@ -17,6 +17,7 @@
 pub mod api_client;
 pub mod conn_pool;
 pub mod health;
+pub mod lean_watch;
 pub mod limits;
 pub mod listener;
 pub mod memory;

@@ -22,14 +22,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 use crate::leaf::Registry;
 use crate::model::counterpart::NamespaceMap;
 use crate::model::slim_pod::SlimPod;
+use crate::ops::lean_watch::LeanWatch;
 
 /// Where a root pod's requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +64,8 @@ pub enum RouteError {
     Busy { namespace: String, pod: String },
 }
 
+/// Pods per LIST page of a Node's pods (client-go's and kube's default).
+const PAGE_SIZE: u32 = 500;
 /// How long a lookup on a node's port waits for the node's watch to show a pod it lacks.
 const INDEX_LAG: Duration = Duration::from_secs(3);
 /// How long the shared port remembers a GET's answer for a pod not in the index.
@@ -266,12 +268,11 @@ impl PodIndex {
     }
 
     async fn watch_node(self, node: String) {
-        let api: Api<SlimPod> = Api::all(self.root.clone());
-        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let mut events = watcher(api, config).default_backoff().boxed();
+        let fields = Some(format!("spec.nodeName={node}"));
+        let mut events = LeanWatch::<SlimPod>::new(self.root.clone(), fields, PAGE_SIZE);
         let mut seen: HashSet<Key> = HashSet::new();
-        while let Some(event) = events.next().await {
-            match event {
+        loop {
+            match events.next().await {
                 Ok(watcher::Event::Init) => seen.clear(),
                 Ok(watcher::Event::InitApply(pod)) => {
                     if let Some(key) = self.upsert(&pod) {

@@ -16,14 +16,14 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::Client;
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::ops::lean_watch::LeanWatch;
 use crate::ops::metrics::Metrics;
 use crate::ops::read_limits::OverLimit;
 
@@ -39,6 +39,7 @@ pub trait Kept: Default + Send + Sync + 'static {
         + DeserializeOwned
         + std::fmt::Debug
         + Send
+        + Sync
         + 'static;
     /// The kind in messages and the metric's `limit` label (`pods`, `nodes`).
     const WHAT: &'static str;
@@ -73,8 +74,6 @@ enum Over {
     Count,
     /// An answer went over a read limit (counted where it was read).
     Read(OverLimit),
-    /// The watch ended (kube's watcher never ends; were it to, it is retried the same way).
-    Ended,
 }
 
 /// Which leaf a watch belongs to, its bound, and where overflows are counted.
@@ -95,10 +94,10 @@ pub struct LeafObjects<K: Kept> {
 
 impl<K: Kept> LeafObjects<K> {
     /// Starts watching every object of `api` within `bound`.
-    pub fn start(api: Api<K::Object>, bound: Bound) -> LeafObjects<K> {
+    pub fn start(client: Client, bound: Bound) -> LeafObjects<K> {
         let kept = Arc::new(RwLock::new(K::default()));
         let (state_tx, state) = watch::channel(State::Listing);
-        let task = tokio::spawn(run(api, kept.clone(), state_tx, bound));
+        let task = tokio::spawn(run(client, kept.clone(), state_tx, bound));
         LeafObjects { kept, state, task }
     }
 
@@ -127,14 +126,14 @@ impl<K: Kept> Drop for LeafObjects<K> {
 /// Watches until dropped; after each overflow frees the records, says why, waits, and starts
 /// over.
 async fn run<K: Kept>(
-    api: Api<K::Object>,
+    client: Client,
     kept: Arc<RwLock<K>>,
     state: watch::Sender<State>,
     bound: Bound,
 ) {
     let mut retry = FIRST_RETRY;
     loop {
-        let (over, listed_at) = watch_until_over(&api, &kept, &state, bound.max).await;
+        let (over, listed_at) = watch_until_over(&client, &kept, &state, bound.max).await;
         *kept.write().unwrap_or_else(|e| e.into_inner()) = K::default();
         crate::ops::memory::decoded();
         if listed_at.is_some_and(|at| at.elapsed() >= MAX_RETRY) {
@@ -158,11 +157,6 @@ async fn run<K: Kept>(
                 K::WHAT,
                 retry.as_secs()
             ),
-            Over::Ended => format!(
-                "the leaf {} watch ended; relaylet tries again in {}s",
-                K::WHAT,
-                retry.as_secs()
-            ),
         };
         tracing::warn!(leaf = %bound.leaf, what = K::WHAT, "{why}");
         state.send_replace(State::Dropped(why));
@@ -173,17 +167,17 @@ async fn run<K: Kept>(
 
 /// Runs one watch until the leaf goes past a bound: why, and since when it had been listed.
 async fn watch_until_over<K: Kept>(
-    api: &Api<K::Object>,
+    client: &Client,
     kept: &RwLock<K>,
     state: &watch::Sender<State>,
     max: usize,
 ) -> (Over, Option<Instant>) {
-    let config = watcher::Config::default().page_size(K::PAGE_SIZE);
-    let mut events = watcher(api.clone(), config).default_backoff().boxed();
+    let mut events = LeanWatch::<K::Object>::new(client.clone(), None, K::PAGE_SIZE);
     // A relist builds the records anew beside the old ones, then swaps them in.
     let mut relisting: Option<K> = None;
     let mut listed_at = None;
-    while let Some(event) = events.next().await {
+    loop {
+        let event = events.next().await;
         crate::ops::memory::decoded();
         match event {
             Ok(watcher::Event::Init) => relisting = Some(K::default()),
@@ -226,5 +220,4 @@ async fn watch_until_over<K: Kept>(
             }
         }
     }
-    (Over::Ended, listed_at)
 }

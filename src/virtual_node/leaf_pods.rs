@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use kube::{Api, Client};
+use kube::Client;
 
 use super::leaf_objects::{Bound, Kept, LeafObjects, State};
 use crate::model::quantity::Milli;
@@ -151,7 +151,7 @@ impl Kept for Facts {
 impl LeafPods {
     /// Starts watching the pods of the leaf `client` reaches, keeping at most `bound.max`.
     pub fn start(client: &Client, bound: Bound) -> LeafPods {
-        LeafPods(LeafObjects::start(Api::all(client.clone()), bound))
+        LeafPods(LeafObjects::start(client.clone(), bound))
     }
 
     /// Waits until the pods have been listed once, or the watch was dropped; the state then.

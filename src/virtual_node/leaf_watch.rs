@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{Api, Client};
+use kube::Client;
 
 use super::desired::{Health, schedulable_and_ready};
 use super::leaf_objects::{Bound, Kept, LeafObjects, State};
@@ -38,7 +38,7 @@ impl LeafWatch {
             metrics: metrics.clone(),
         };
         LeafWatch {
-            nodes: LeafObjects::start(Api::all(client.clone()), bound(bounds.max_nodes)),
+            nodes: LeafObjects::start(client.clone(), bound(bounds.max_nodes)),
             pods: LeafPods::start(client, bound(bounds.max_pods)),
         }
     }
