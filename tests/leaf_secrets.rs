@@ -518,3 +518,46 @@ fn a_refused_claim_stays_refused_while_the_holder_exists_and_takes_over_after() 
         wait_leaf_of(e, "relaylet-shared-node", "waiting").await;
     });
 }
+
+#[test]
+fn a_secret_that_loses_its_node_name_and_wins_it_back_is_registered_again() {
+    // A registered leaf's Secret is kept without its data (every replica keeps every leaf
+    // Secret); winning its names back after losing them must read the data again.
+    let e = env();
+    RT.block_on(async {
+        let working = e.sandbox.leaves["leaf-1"]
+            .kubeconfig(RELAYLET_LEAF_USER, &[])
+            .unwrap();
+        let own = [("relaylet.io/node-name", "relaylet-elder-own")];
+        create_secret(e, "elder", "elder", &working, &own).await;
+        wait_leaf_of(e, "relaylet-elder-own", "elder").await;
+        // Created after "elder" (and its name sorts after it, should both share a second).
+        let contested = [("relaylet.io/node-name", "relaylet-contested")];
+        create_secret(e, "younger", "younger", &working, &contested).await;
+        wait_leaf_of(e, "relaylet-contested", "younger").await;
+        let secrets: Api<Secret> = Api::namespaced(root_client(e).await, RELAYLET_NAMESPACE);
+        let point_elder_at = async |node: &str| {
+            let patch = serde_json::json!({
+                "metadata": {"annotations": {"relaylet.io/node-name": node}}
+            });
+            secrets
+                .patch("elder", &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap();
+        };
+        // The older Secret asks for the same node name: it takes it.
+        point_elder_at("relaylet-contested").await;
+        wait_leaf_of(e, "relaylet-contested", "elder").await;
+        // ... and gives it up: the younger Secret, unchanged since, gets it back.
+        point_elder_at("relaylet-elder-own").await;
+        wait_leaf_of(e, "relaylet-contested", "younger").await;
+        wait_leaf_of(e, "relaylet-elder-own", "elder").await;
+        let leaf = e
+            .sandbox
+            .relaylet
+            .registry
+            .by_node("relaylet-contested")
+            .unwrap();
+        assert!(leaf.client().apiserver_version().await.is_ok());
+    });
+}

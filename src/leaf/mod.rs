@@ -21,11 +21,12 @@ pub mod proxy;
 pub mod refusal;
 pub mod warm_connector;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Secret, Taint};
+use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -378,7 +379,7 @@ pub async fn watch_secrets(
 ) {
     let api: Api<Secret> = Api::namespaced(source.root.clone(), &source.namespace);
     let watch_config = watcher::Config::default().labels(&source.label);
-    let mut events = watcher(api, watch_config).default_backoff().boxed();
+    let mut events = watcher(api.clone(), watch_config).default_backoff().boxed();
     let namespace = source.namespace.clone();
     let mut secrets = LeafSecrets {
         reporter: Reporter {
@@ -394,6 +395,8 @@ pub async fn watch_secrets(
         metrics,
         secrets: BTreeMap::new(),
         seen: BTreeMap::new(),
+        api,
+        stripped: HashSet::new(),
     };
     // The Secrets of a (re)list, decided on together once it is complete.
     let mut relisted: BTreeMap<String, Secret> = BTreeMap::new();
@@ -412,19 +415,25 @@ pub async fn watch_secrets(
             match event {
                 Ok(watcher::Event::Init) => relisted.clear(),
                 Ok(watcher::Event::InitApply(secret)) => {
-                    relisted.insert(secret.metadata.name.clone().unwrap_or_default(), secret);
+                    relisted.insert(
+                        secret.metadata.name.clone().unwrap_or_default(),
+                        lean(secret),
+                    );
                 }
                 Ok(watcher::Event::InitDone) => {
                     secrets.secrets = std::mem::take(&mut relisted);
+                    secrets.stripped.clear();
                     (changed, synced) = (true, true);
                 }
                 Ok(watcher::Event::Apply(secret)) => {
                     let name = secret.metadata.name.clone().unwrap_or_default();
-                    secrets.secrets.insert(name, secret);
+                    secrets.stripped.remove(&name);
+                    secrets.secrets.insert(name, lean(secret));
                     changed = true;
                 }
                 Ok(watcher::Event::Delete(secret)) => {
                     let name = secret.metadata.name.clone().unwrap_or_default();
+                    secrets.stripped.remove(&name);
                     secrets.secrets.remove(&name);
                     changed = true;
                 }
@@ -455,10 +464,19 @@ struct LeafSecrets {
     reporter: Reporter,
     nodes: Api<Node>,
     owner: String,
-    /// Every labelled Secret now, by name.
+    /// Every labelled Secret now, by name; without its data once its leaf is registered (see
+    /// `stripped`).
     secrets: BTreeMap<String, Secret>,
     /// What was decided for each Secret, by name.
     seen: BTreeMap<String, Seen>,
+    /// The leaf Secrets, to read one again whose data was dropped.
+    api: Api<Secret>,
+    /// The Secrets kept without their data: their leaf is registered, and the data (the
+    /// kubeconfig, 2 KiB or more) was needed only to build it. Every replica keeps every leaf
+    /// Secret of the fleet (at 1,000 leaves and three replicas a Secret's data cost 8 KiB per
+    /// leaf served). Deciding on one of them again (its names lost and won back) reads it
+    /// again first.
+    stripped: HashSet<String>,
 }
 
 /// What was decided for one Secret.
@@ -545,8 +563,58 @@ impl LeafSecrets {
             {
                 continue;
             }
-            let secret = secret.clone();
+            let secret = if self.stripped.contains(&name) {
+                match self.read_again(&name).await {
+                    Some(secret) => secret,
+                    // Said in the log; the next event of any leaf Secret tries again.
+                    None => continue,
+                }
+            } else {
+                secret.clone()
+            };
             self.decide(&name, &secret, names).await;
+        }
+        self.strip_registered();
+    }
+
+    /// Drops the data of every Secret whose leaf is registered from this very version.
+    fn strip_registered(&mut self) {
+        for (name, secret) in &mut self.secrets {
+            let registered = self.seen.get(name).is_some_and(|seen| {
+                seen.leaf.is_some() && seen.resource_version == secret.metadata.resource_version
+            });
+            if registered && secret.data.is_some() {
+                secret.data = None;
+                secret.string_data = None;
+                self.stripped.insert(name.clone());
+            }
+        }
+    }
+
+    /// Secret `name` read again whole (its data was dropped), and kept so until decided.
+    async fn read_again(&mut self, name: &str) -> Option<Secret> {
+        // A list of the one Secret: relaylet's Role lets it list and watch Secrets, not get them.
+        let params = ListParams::default()
+            .labels(&self.label)
+            .fields(&format!("metadata.name={name}"));
+        match self
+            .api
+            .list(&params)
+            .await
+            .map(|l| l.items.into_iter().next())
+        {
+            Ok(Some(secret)) => {
+                let secret = lean(secret);
+                self.stripped.remove(name);
+                self.secrets.insert(name.to_string(), secret.clone());
+                Some(secret)
+            }
+            // Deleted meanwhile: its Delete event comes next.
+            Ok(None) => None,
+            Err(err) => {
+                tracing::warn!(secret = name, %err, "reading a leaf Secret again to decide on it");
+                None
+            }
         }
     }
 
@@ -693,6 +761,16 @@ impl LeafSecrets {
             }),
         }
     }
+}
+
+/// `secret` without what relaylet never reads of it: its managed fields, and the copy of
+/// itself (data included) that `kubectl apply` leaves in an annotation.
+fn lean(mut secret: Secret) -> Secret {
+    secret.metadata.managed_fields = None;
+    if let Some(annotations) = secret.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+    secret
 }
 
 /// The leaf Secret's TLS material for an `https://` proxy (keys in `proxy`).
