@@ -86,6 +86,7 @@ where
     /// The next event, or the error of the last request (the watch carries on from where it
     /// stands on the next call, after a wait). `Init` starts a (re)list, `InitApply` is each
     /// object listed, `InitDone` ends the list; `Apply` and `Delete` follow as objects change.
+    /// Dropped while it waits, the watch starts over with a new list at the next call.
     pub async fn next(&mut self) -> Result<Event<K>, kube::Error> {
         if let Some(wait) = self.wait.take() {
             tokio::time::sleep(wait).await;
