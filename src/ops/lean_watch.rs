@@ -55,7 +55,6 @@ enum Phase<K> {
 /// A watch of every `K` (or those `fields` selects), listed `page_size` at a time.
 pub struct LeanWatch<K> {
     api: Api<K>,
-    client: Client,
     fields: Option<String>,
     page_size: u32,
     phase: Phase<K>,
@@ -73,8 +72,7 @@ where
     /// asked until [`LeanWatch::next`].
     pub fn new(client: Client, fields: Option<String>, page_size: u32) -> LeanWatch<K> {
         LeanWatch {
-            api: Api::all(client.clone()),
-            client,
+            api: Api::all(client),
             fields,
             page_size,
             phase: Phase::Empty,
@@ -176,7 +174,7 @@ where
                 Ok(None)
             }
             Phase::Listed { version } => {
-                let body = match open(&self.client, &self.api, &self.fields, &version).await {
+                let body = match open(&self.api, &self.fields, &version).await {
                     Ok(body) => body,
                     Err(err) => {
                         self.phase = Phase::Listed { version };
@@ -246,9 +244,15 @@ where
                 *version = v;
             }
         };
-        let event = match parsed? {
-            WatchEvent::Added(object) | WatchEvent::Modified(object) => Event::Apply(object),
-            WatchEvent::Deleted(object) => Event::Delete(object),
+        let (event, version) = match parsed? {
+            WatchEvent::Added(object) | WatchEvent::Modified(object) => {
+                let version = object.resource_version();
+                (Event::Apply(object), version)
+            }
+            WatchEvent::Deleted(object) => {
+                let version = object.resource_version();
+                (Event::Delete(object), version)
+            }
             WatchEvent::Bookmark(mark) => {
                 go_on_from(&mut self.phase, mark.metadata.resource_version);
                 return Ok(None);
@@ -261,11 +265,7 @@ where
                 return Err(kube::Error::Api(status));
             }
         };
-        let object = match &event {
-            Event::Apply(o) | Event::Delete(o) => o,
-            _ => return Ok(Some(event)),
-        };
-        match object.resource_version().filter(|v| !v.is_empty()) {
+        match version.filter(|v| !v.is_empty()) {
             Some(v) => {
                 go_on_from(&mut self.phase, v);
                 Ok(Some(event))
@@ -289,8 +289,7 @@ fn parse<K: DeserializeOwned>(line: &[u8]) -> Result<WatchEvent<K>, kube::Error>
 }
 
 /// Opens a WATCH from `version`; its body, once the server said yes.
-async fn open<K: Resource>(
-    client: &Client,
+async fn open<K: Resource + Clone>(
     api: &Api<K>,
     fields: &Option<String>,
     version: &str,
@@ -307,7 +306,11 @@ async fn open<K: Resource>(
         http::header::ACCEPT_ENCODING,
         http::HeaderValue::from_static("identity"),
     );
-    let response = client.send(request.map(kube::client::Body::from)).await?;
+    let response = api
+        .clone()
+        .into_client()
+        .send(request.map(kube::client::Body::from))
+        .await?;
     let status = response.status();
     if status.is_success() {
         return Ok(response.into_body());

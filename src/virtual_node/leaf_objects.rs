@@ -93,7 +93,7 @@ pub struct LeafObjects<K: Kept> {
 }
 
 impl<K: Kept> LeafObjects<K> {
-    /// Starts watching every object of `api` within `bound`.
+    /// Starts watching every object of its kind on the cluster `client` reaches, within `bound`.
     pub fn start(client: Client, bound: Bound) -> LeafObjects<K> {
         let kept = Arc::new(RwLock::new(K::default()));
         let (state_tx, state) = watch::channel(State::Listing);
