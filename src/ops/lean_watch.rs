@@ -344,6 +344,9 @@ struct Lines {
     buf: Vec<u8>,
     /// Where the first line not taken starts.
     start: usize,
+    /// Bytes after the last newline: the line not complete yet (complete lines waiting to be
+    /// taken do not count against the limit).
+    run: usize,
 }
 
 impl Lines {
@@ -353,6 +356,10 @@ impl Lines {
             self.start = 0;
         }
         self.buf.extend_from_slice(data);
+        self.run = match data.iter().rposition(|b| *b == b'\n') {
+            Some(at) => data.len() - at - 1,
+            None => self.run + data.len(),
+        };
     }
 
     /// The next complete, non-empty line, without its newline.
@@ -372,7 +379,7 @@ impl Lines {
 
     /// Bytes of a line not complete yet.
     fn pending(&self) -> usize {
-        self.buf.len() - self.start
+        self.run
     }
 }
 
@@ -541,5 +548,21 @@ mod tests {
         assert_eq!(lines.take().as_deref(), Some(&b"{\"c\":3}"[..]));
         assert_eq!(lines.pending(), 0);
         assert_eq!(lines.buf.capacity(), 0, "nothing held between events");
+    }
+
+    #[test]
+    fn only_the_line_not_complete_counts_against_the_limit() {
+        let mut lines = Lines::default();
+        let mut big = vec![b'x'; MAX_WATCH_LINE - 1];
+        lines.append(&big);
+        // The line ends, and the next begins, in one chunk: what waits is one complete line
+        // under the limit and two bytes of the next.
+        big.clear();
+        big.extend_from_slice(b"\nab");
+        lines.append(&big);
+        assert_eq!(lines.pending(), 2);
+        assert_eq!(lines.take().map(|l| l.len()), Some(MAX_WATCH_LINE - 1));
+        lines.append(b"c");
+        assert_eq!(lines.pending(), 3);
     }
 }
