@@ -89,13 +89,6 @@ impl Controller {
     /// Keeps one leaf's Node and Lease up to date.
     pub(super) async fn run_leaf(self: Arc<Self>, leaf: Arc<Leaf>) {
         let mut leaf_side: Option<LeafSide> = None;
-        eprintln!(
-            "SIZES side {} watch {} nodepods {} tick {}",
-            std::mem::size_of::<LeafSide>(),
-            std::mem::size_of::<LeafWatch>(),
-            std::mem::size_of::<NodePods>(),
-            std::mem::size_of::<Rounds>()
-        );
         let mut state = LeafLoop {
             health: Health::Unreachable("not probed yet".to_string()),
             probed_at: None,
