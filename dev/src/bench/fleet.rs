@@ -42,6 +42,7 @@ use serde_json::json;
 use tokio::process::{Child, Command};
 
 use super::client::{self, PodRef, Route, Target};
+use super::node_view::NodeView;
 use super::{procfs, sockets};
 
 const NAMESPACE: &str = "relaylet-system";
@@ -819,27 +820,19 @@ impl Fleet {
 
     /// The virtual Nodes.
     fn nodes(&self) -> Vec<Node> {
-        self.root_store()
-            .list_typed::<Node>(None)
+        NodeView::read(self.root_store())
+            .map(|view| view.iter().cloned().collect())
             .unwrap_or_default()
-            .into_iter()
-            .filter(|n| name(n).starts_with("relaylet-leaf-"))
-            .collect()
     }
 
-    /// Polls the virtual Nodes until `done` holds.
+    /// Waits until `done` holds for the virtual Nodes.
     async fn wait(
         &self,
         limit: Duration,
         what: &str,
-        mut done: impl FnMut(&[Node]) -> bool,
+        done: impl FnMut(&NodeView) -> bool,
     ) -> anyhow::Result<()> {
-        let deadline = Instant::now() + limit;
-        while !done(&self.nodes()) {
-            anyhow::ensure!(Instant::now() < deadline, "{what}: not within {limit:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+        NodeView::wait(self.root_store(), limit, what, done).await
     }
 
     /// Writes since `rv`: (virtual Node and node Lease writes, presence Lease writes).

@@ -13,6 +13,7 @@ pub mod fleet;
 mod floor;
 mod hold;
 pub mod kubelet_path;
+mod node_view;
 mod procfs;
 pub mod reference_relay;
 mod report;
