@@ -159,8 +159,10 @@ where
                     version_match: Some(VersionMatch::NotOlderThan),
                     ..ListParams::default()
                 };
-                // An error starts the list again (a page token may have expired).
-                let list = self.api.list(&params).await?;
+                // An error starts the list again (a page token may have expired). The
+                // request's future is boxed while it runs (as is the WATCH's below): inline,
+                // it would size every watch's task for the whole time it waits for events.
+                let list = Box::pin(self.api.list(&params)).await?;
                 let version = list.metadata.resource_version.filter(|v| !v.is_empty());
                 let next_page = list.metadata.continue_.filter(|c| !c.is_empty());
                 if version.is_none() && next_page.is_none() {
@@ -174,7 +176,7 @@ where
                 Ok(None)
             }
             Phase::Listed { version } => {
-                let body = match open(&self.api, &self.fields, &version).await {
+                let body = match Box::pin(open(&self.api, &self.fields, &version)).await {
                     Ok(body) => body,
                     Err(err) => {
                         self.phase = Phase::Listed { version };
@@ -400,7 +402,7 @@ mod tests {
 
     /// A client whose server answers each request with the next of `answers` (status, body
     /// in chunks) and records what was asked.
-    fn client(answers: Vec<(u16, Chunks)>) -> (Client, Arc<Mutex<Vec<String>>>) {
+    pub(super) fn client(answers: Vec<(u16, Chunks)>) -> (Client, Arc<Mutex<Vec<String>>>) {
         let asked = Arc::new(Mutex::new(Vec::new()));
         let answers = Arc::new(Mutex::new(VecDeque::from(answers)));
         let seen = asked.clone();
@@ -564,5 +566,25 @@ mod tests {
         assert_eq!(lines.take().map(|l| l.len()), Some(MAX_WATCH_LINE - 1));
         lines.append(b"c");
         assert_eq!(lines.pending(), 3);
+    }
+}
+
+#[cfg(test)]
+mod size {
+    use k8s_openapi::api::core::v1::Pod;
+
+    use super::*;
+
+    /// What a watch's next event costs to wait for, inline in the task that waits (every
+    /// leaf served has three such tasks): the requests' large futures are boxed while they
+    /// run, so a quiet watch's task holds little more than the body it reads and a timer.
+    #[tokio::test]
+    async fn waiting_for_the_next_event_is_small() {
+        let (client, _) = super::tests::client(Vec::new());
+        let mut watch = LeanWatch::<Pod>::new(client, None, 500);
+        let next = watch.next();
+        // 1,824 bytes with the LIST and WATCH futures inline (a debug build).
+        let size = std::mem::size_of_val(&next);
+        assert!(size <= 512, "waiting for a watch event takes {size} bytes");
     }
 }
