@@ -402,7 +402,7 @@ mod tests {
 
     /// A client whose server answers each request with the next of `answers` (status, body
     /// in chunks) and records what was asked.
-    pub(super) fn client(answers: Vec<(u16, Chunks)>) -> (Client, Arc<Mutex<Vec<String>>>) {
+    fn client(answers: Vec<(u16, Chunks)>) -> (Client, Arc<Mutex<Vec<String>>>) {
         let asked = Arc::new(Mutex::new(Vec::new()));
         let answers = Arc::new(Mutex::new(VecDeque::from(answers)));
         let seen = asked.clone();
@@ -567,21 +567,14 @@ mod tests {
         lines.append(b"c");
         assert_eq!(lines.pending(), 3);
     }
-}
-
-#[cfg(test)]
-mod size {
-    use k8s_openapi::api::core::v1::Pod;
-
-    use super::*;
 
     /// What a watch's next event costs to wait for, inline in the task that waits (every
     /// leaf served has three such tasks): the requests' large futures are boxed while they
     /// run, so a quiet watch's task holds little more than the body it reads and a timer.
     #[tokio::test]
     async fn waiting_for_the_next_event_is_small() {
-        let (client, _) = super::tests::client(Vec::new());
-        let mut watch = LeanWatch::<Pod>::new(client, None, 500);
+        let (client, _) = client(Vec::new());
+        let mut watch = LeanWatch::<k8s_openapi::api::core::v1::Pod>::new(client, None, 500);
         let next = watch.next();
         // 1,824 bytes with the LIST and WATCH futures inline (a debug build).
         let size = std::mem::size_of_val(&next);
