@@ -558,6 +558,6 @@ fn a_secret_that_loses_its_node_name_and_wins_it_back_is_registered_again() {
             .registry
             .by_node("relaylet-contested")
             .unwrap();
-        assert!(leaf.client().apiserver_version().await.is_ok());
+        assert!(leaf.client().version().await.is_ok());
     });
 }

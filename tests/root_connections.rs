@@ -352,8 +352,9 @@ async fn the_pool_spreads_watches_over_connections_within_the_servers_stream_lim
         connections: 8,
     };
     let client =
-        relaylet::ops::api_client::build_within(&kube_config(&kubeconfig).await, tcp, None, budget)
-            .expect("client");
+        relaylet::ops::api_client::calls(&kube_config(&kubeconfig).await, tcp, None, budget)
+            .expect("client")
+            .into_client("default".to_string());
     let maps: Api<ConfigMap> = Api::namespaced(client, "default");
     let mut streams = open_watches(&maps, WATCHES).await;
     // Ordinary calls while every watch is open.
@@ -382,8 +383,11 @@ async fn the_pool_falls_back_to_http1_where_the_server_offers_no_h2() {
         .expect("kubeconfig");
     let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
     tcp.enforce_http(false);
-    let client = relaylet::ops::api_client::build(&kube_config(&kubeconfig).await, tcp, None, 16)
-        .expect("client");
+    let budget = relaylet::ops::api_client::budget(16);
+    let client =
+        relaylet::ops::api_client::calls(&kube_config(&kubeconfig).await, tcp, None, budget)
+            .expect("client")
+            .into_client("default".to_string());
     let maps: Api<ConfigMap> = Api::namespaced(client, "default");
     let mut streams = open_watches(&maps, WATCHES).await;
     every_watch_sees_a_new_map(&maps, &mut streams).await;

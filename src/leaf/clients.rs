@@ -1,6 +1,7 @@
 //! A leaf's two API clients, and when they are built. Both come from the leaf's kubeconfig,
 //! so both carry its TLS settings and credentials: one for ordinary API calls
-//! (`ops::api_client`), and one for relayed streams, with no read or write timeout (an
+//! (`ops::api_client`, as `ops::calls`: no `kube::Client` of its own), and one for relayed
+//! streams (a `kube::Client`), with no read or write timeout (an
 //! interactive shell may be quiet for hours; relaylet enforces its own idle timeout) and no
 //! retries (a retried exec would run a command twice).
 
@@ -10,6 +11,7 @@ use kube::Client;
 
 use crate::leaf::dialer::LeafDialer;
 use crate::leaf::warm_connector::{Sources, WarmConnector};
+use crate::ops::calls::Calls;
 use crate::ops::metrics::Metrics;
 
 /// How much of each answer leaf `leaf`'s API client reads: an answer past its limit fails its
@@ -32,7 +34,7 @@ fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLi
 /// What a leaf's API clients are built from, and the clients once built. Every replica
 /// registers every leaf of the fleet (so it can take the leaf's Node over at once) but uses the
 /// clients only of the leaves whose Nodes it serves, and of sessions that reach it while a Node
-/// moves; built, the two hold about 34 KiB (`tests/leaf_memory.rs`), so they are built the first
+/// moves; built, the two hold about 23 KiB (`tests/leaf_memory.rs`), so they are built the first
 /// time they are used. Whether they can be built was checked when the leaf was registered.
 pub(super) struct LeafClients {
     leaf: String,
@@ -41,7 +43,7 @@ pub(super) struct LeafClients {
     metrics: Metrics,
     spare: bool,
     /// Built on first use; dropped by [`LeafClients::release`].
-    api: Mutex<Option<Client>>,
+    api: Mutex<Option<Calls>>,
     stream: Mutex<Option<Client>>,
 }
 
@@ -67,39 +69,36 @@ impl LeafClients {
     }
 
     /// The client for ordinary API calls, built on first use.
-    pub(super) fn api(&self) -> Client {
-        self.get_or_build(&self.api, Self::build_api)
+    pub(super) fn api(&self) -> Calls {
+        get_or_build(&self.api, || {
+            let built = self.build_api();
+            self.or_failing(built)
+        })
     }
 
     pub(super) fn stream(&self) -> Client {
-        self.get_or_build(&self.stream, Self::build_stream)
+        get_or_build(&self.stream, || {
+            let built = self.build_stream();
+            self.or_failing(built)
+                .into_client(self.config.default_namespace.clone())
+        })
     }
 
     /// Drops both clients, their connections and TLS state; the next use builds them again.
     /// Calls in flight keep their own handle of the client until they end.
     pub(super) fn release(&self) {
-        for slot in [&self.api, &self.stream] {
-            slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-        }
+        self.api.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.stream.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
-    fn get_or_build(
-        &self,
-        slot: &Mutex<Option<Client>>,
-        build: fn(&Self) -> Result<Client, kube::Error>,
-    ) -> Client {
-        // A poisoned lock only means a build panicked: the slot is then still empty or whole.
-        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
-        slot.get_or_insert_with(|| self.or_failing(build(self)))
-            .clone()
-    }
-
-    pub(super) fn build_api(&self) -> Result<Client, kube::Error> {
-        crate::ops::api_client::build(
+    /// A leaf's API client: without a `kube::Client` around it (see `ops::calls`).
+    pub(super) fn build_api(&self) -> Result<Calls, kube::Error> {
+        use crate::ops::api_client::{LEAF_CONNECTIONS, budget, calls};
+        calls(
             &self.config,
             self.dialer.clone(),
             Some(read_limits(&self.leaf, &self.metrics)),
-            crate::ops::api_client::LEAF_CONNECTIONS,
+            budget(LEAF_CONNECTIONS),
         )
     }
 
@@ -107,7 +106,7 @@ impl LeafClients {
     /// API client, on the same dialer (`TCP_NODELAY`, read-ahead, the leaf's proxy), without
     /// timeouts or retries. Its connector keeps a spare connection dialed for the next session
     /// (see [`WarmConnector`]).
-    fn build_stream(&self) -> Result<Client, kube::Error> {
+    fn build_stream(&self) -> Result<Calls, kube::Error> {
         use crate::ops::api_client::{Alpn, https_connector};
         let mut config = self.config.clone();
         config.read_timeout = None;
@@ -128,19 +127,32 @@ impl LeafClients {
         crate::ops::api_client::over(&config, hyper, None)
     }
 
-    /// `built`, or, should building fail after all (it did not at registration), a client
-    /// whose every call fails saying why.
-    fn or_failing(&self, built: Result<Client, kube::Error>) -> Client {
-        built.unwrap_or_else(|err| {
-            let message = format!("leaf {}: building its API client: {err}", self.leaf);
-            tracing::error!(leaf = %self.leaf, %err, "building the leaf's API client");
-            let failing = tower::service_fn(move |_: http::Request<kube::client::Body>| {
-                let message = message.clone();
-                async move {
-                    Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(message))
-                }
-            });
-            Client::new(failing, self.config.default_namespace.clone())
-        })
+    /// `built`, or, should building fail after all (it did not at registration), calls that
+    /// each fail saying why.
+    fn or_failing(&self, built: Result<Calls, kube::Error>) -> Calls {
+        match built {
+            Ok(built) => built,
+            Err(err) => {
+                let message = format!("leaf {}: building its API client: {err}", self.leaf);
+                tracing::error!(leaf = %self.leaf, %err, "building the leaf's API client");
+                Calls::new(tower::service_fn(
+                    move |_: http::Request<kube::client::Body>| {
+                        let message = message.clone();
+                        async move {
+                            Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(
+                                message,
+                            ))
+                        }
+                    },
+                ))
+            }
+        }
     }
+}
+
+/// The client in `slot`, built by `build` if there is none yet.
+fn get_or_build<C: Clone>(slot: &Mutex<Option<C>>, build: impl FnOnce() -> C) -> C {
+    // A poisoned lock only means a build panicked: the slot is then still empty or whole.
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    slot.get_or_insert_with(build).clone()
 }

@@ -40,6 +40,7 @@ use crate::leaf::proxy::{LeafProxy, ProxySetupError, ProxyTls};
 use crate::leaf::refusal::{Refusal, Reporter};
 use crate::model::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
 use crate::model::dns::{check_dns_label, check_node_name};
+use crate::ops::calls::Calls;
 use crate::ops::metrics::Metrics;
 
 /// The `proxy-url` of the cluster the kubeconfig's current context uses (the entry kube builds
@@ -132,7 +133,7 @@ impl LeafError {
 
 impl Leaf {
     /// The client for ordinary API calls (reads, watches), built on first use.
-    pub fn client(&self) -> Client {
+    pub fn client(&self) -> Calls {
         self.clients.api()
     }
 

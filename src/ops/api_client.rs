@@ -4,7 +4,8 @@
 //! HTTP/2 streams over itself (`ops::conn_pool`). The leaf's stream client puts the same stack
 //! on an HTTP/1.1-only client of its own (`over`, and `https_connector` with `Alpn::Http1`).
 //! A leaf's API client reads its answers within `read_limits` (a leaf is not trusted); the
-//! root's and the stream client's bodies pass unchanged.
+//! root's and the stream client's bodies pass unchanged. The root's client is a `kube::Client`
+//! (`build`); a leaf's are [`Calls`] without one (`calls`, `over`), one `Buffer` less per leaf.
 //!
 //! The API clients offer h2 and http/1.1 by ALPN. Over h2 every watch and call is a stream on
 //! one of a few connections, so the root connections no longer grow with the leaves (over
@@ -27,6 +28,7 @@ use kube::Client;
 use kube::client::ConfigExt;
 use tower::{BoxError, Service};
 
+use crate::ops::calls::Calls;
 use crate::ops::conn_pool::{Budget, ConnPool};
 use crate::ops::read_limits::{ReadLimitLayer, ReadLimits};
 
@@ -70,36 +72,27 @@ pub enum Alpn {
     H2OrHttp1,
 }
 
-/// A client for `config`'s cluster over `dialer` (TCP, or a leaf's proxy), reading answers
-/// within `limits` if given, over at most `connections` HTTP/2 connections. Proxies are the
-/// dialer's business: `config.proxy_url` is not read here.
-pub fn build<D>(
-    config: &kube::Config,
-    dialer: D,
-    limits: Option<ReadLimits>,
-    connections: usize,
-) -> Result<Client, kube::Error>
-where
-    D: Service<http::Uri> + Clone + Send + Sync + 'static,
-    D::Response: Connection + hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
-    D::Future: Send + 'static,
-    D::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let budget = Budget {
+/// The pool's budget of at most `connections` HTTP/2 connections, each carrying
+/// [`STREAMS_PER_CONNECTION`] streams before the next is opened (a test gives a smaller one
+/// against a server with a small stream limit).
+pub fn budget(connections: usize) -> Budget {
+    Budget {
         streams_per_connection: STREAMS_PER_CONNECTION,
         connections,
-    };
-    build_within(config, dialer, limits, budget)
+    }
 }
 
-/// [`build`] with the pool's `budget` given (a test uses a small one against a server with a
-/// small stream limit).
-pub fn build_within<D>(
+/// A client for `config`'s cluster over `dialer` (TCP, or a leaf's proxy), reading answers
+/// within `limits` if given, over the connections `budget` allows ([`budget`]). Proxies are the
+/// dialer's business: `config.proxy_url` is not read here. As [`Calls`], without a
+/// `kube::Client` around it (a leaf's: see `ops::calls`); the root's is one
+/// ([`Calls::into_client`]).
+pub fn calls<D>(
     config: &kube::Config,
     dialer: D,
     limits: Option<ReadLimits>,
     budget: Budget,
-) -> Result<Client, kube::Error>
+) -> Result<Calls, kube::Error>
 where
     D: Service<http::Uri> + Clone + Send + Sync + 'static,
     D::Response: Connection + hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
@@ -164,7 +157,7 @@ pub fn over<S, B>(
     config: &kube::Config,
     http: S,
     limits: Option<ReadLimits>,
-) -> Result<Client, kube::Error>
+) -> Result<Calls, kube::Error>
 where
     S: Service<http::Request<kube::client::Body>, Response = http::Response<B>>
         + Clone
@@ -187,7 +180,7 @@ where
         .map_err(tower::BoxError::from)
         .layer(ReadLimitLayer(limits))
         .service(http);
-    Ok(Client::new(service, config.default_namespace.clone()))
+    Ok(Calls::new(service))
 }
 
 /// The root cluster's client, from `KUBECONFIG` or the in-cluster config. A proxy for the root
@@ -212,7 +205,8 @@ pub fn root_from(config: &kube::Config) -> anyhow::Result<Client> {
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     // The root is trusted: its answers are not limited here.
-    build(config, tcp, None, ROOT_CONNECTIONS)
+    calls(config, tcp, None, budget(ROOT_CONNECTIONS))
+        .map(|calls| calls.into_client(config.default_namespace.clone()))
         .map_err(|e| anyhow::anyhow!("connecting to the root cluster: {e}"))
 }
 

@@ -15,12 +15,14 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use kube::api::{ListParams, VersionMatch, WatchParams};
+use kube::core::ObjectList;
 use kube::core::{Status, WatchEvent};
 use kube::runtime::watcher::Event;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::ops::calls::{self, Calls};
 use crate::ops::read_limits::MAX_WATCH_LINE;
 
 /// A WATCH the server has not ended after this long (its `timeoutSeconds`, 290, plus kube's
@@ -47,14 +49,16 @@ enum Phase<K> {
     /// Watching from `version`: the body, and what was read of it but not yielded.
     Watching {
         version: String,
-        body: kube::client::Body,
+        body: calls::Body,
         line: Lines,
     },
 }
 
 /// A watch of every `K` (or those `fields` selects), listed `page_size` at a time.
 pub struct LeanWatch<K> {
-    api: Api<K>,
+    calls: Calls,
+    /// Where every `K` is listed and watched (`/api/v1/pods`).
+    url: String,
     fields: Option<String>,
     page_size: u32,
     phase: Phase<K>,
@@ -68,11 +72,12 @@ impl<K> LeanWatch<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    /// A watch of every `K` on `client`'s cluster, matching `fields` if given; nothing is
-    /// asked until [`LeanWatch::next`].
-    pub fn new(client: Client, fields: Option<String>, page_size: u32) -> LeanWatch<K> {
+    /// A watch of every `K` on the cluster `calls` reach, matching `fields` if given; nothing
+    /// is asked until [`LeanWatch::next`].
+    pub fn new(calls: Calls, fields: Option<String>, page_size: u32) -> LeanWatch<K> {
         LeanWatch {
-            api: Api::all(client),
+            calls,
+            url: K::url_path(&(), None),
             fields,
             page_size,
             phase: Phase::Empty,
@@ -162,7 +167,10 @@ where
                 // An error starts the list again (a page token may have expired). The
                 // request's future is boxed while it runs (as is the WATCH's below): inline,
                 // it would size every watch's task for the whole time it waits for events.
-                let list = Box::pin(self.api.list(&params)).await?;
+                let request = kube::core::Request::new(&self.url)
+                    .list(&params)
+                    .map_err(kube::Error::BuildRequest)?;
+                let list = Box::pin(self.calls.request::<ObjectList<K>>(request)).await?;
                 let version = list.metadata.resource_version.filter(|v| !v.is_empty());
                 let next_page = list.metadata.continue_.filter(|c| !c.is_empty());
                 if version.is_none() && next_page.is_none() {
@@ -176,13 +184,14 @@ where
                 Ok(None)
             }
             Phase::Listed { version } => {
-                let body = match Box::pin(open(&self.api, &self.fields, &version)).await {
-                    Ok(body) => body,
-                    Err(err) => {
-                        self.phase = Phase::Listed { version };
-                        return Err(err);
-                    }
-                };
+                let body =
+                    match Box::pin(open(&self.calls, &self.url, &self.fields, &version)).await {
+                        Ok(body) => body,
+                        Err(err) => {
+                            self.phase = Phase::Listed { version };
+                            return Err(err);
+                        }
+                    };
                 self.phase = Phase::Watching {
                     version,
                     body,
@@ -213,7 +222,7 @@ where
                     }
                     Ok(Some(Err(err))) => {
                         self.phase = Phase::Listed { version };
-                        Err(err)
+                        Err(calls::body_error(err))
                     }
                     Ok(Some(Ok(frame))) => {
                         if let Ok(data) = frame.into_data() {
@@ -290,17 +299,18 @@ fn parse<K: DeserializeOwned>(line: &[u8]) -> Result<WatchEvent<K>, kube::Error>
     })
 }
 
-/// Opens a WATCH from `version`; its body, once the server said yes.
-async fn open<K: Resource + Clone>(
-    api: &Api<K>,
+/// Opens a WATCH of what `url` lists from `version`; its body, once the server said yes.
+async fn open(
+    calls: &Calls,
+    url: &str,
     fields: &Option<String>,
     version: &str,
-) -> Result<kube::client::Body, kube::Error> {
+) -> Result<calls::Body, kube::Error> {
     let params = WatchParams {
         field_selector: fields.clone(),
         ..WatchParams::default()
     };
-    let mut request = kube::core::Request::new(api.resource_url())
+    let mut request = kube::core::Request::new(url)
         .watch(&params, version)
         .map_err(kube::Error::BuildRequest)?;
     // As kube: Kubernetes 1.37 may gzip a watch one event per member.
@@ -308,24 +318,8 @@ async fn open<K: Resource + Clone>(
         http::header::ACCEPT_ENCODING,
         http::HeaderValue::from_static("identity"),
     );
-    let response = api
-        .clone()
-        .into_client()
-        .send(request.map(kube::client::Body::from))
-        .await?;
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response.into_body());
-    }
-    let text = response.into_body().collect().await?.to_bytes();
-    let status = serde_json::from_slice::<Status>(&text).unwrap_or_else(|_| {
-        Status::failure(
-            &String::from_utf8_lossy(&text),
-            "Failed to parse error data",
-        )
-        .with_code(status.as_u16())
-    });
-    Err(kube::Error::Api(status.boxed()))
+    let response = calls.send_ok(request.map(kube::client::Body::from)).await?;
+    Ok(response.into_body())
 }
 
 /// An object or list without a resourceVersion: nothing to watch from, so list again.
@@ -402,7 +396,7 @@ mod tests {
 
     /// A client whose server answers each request with the next of `answers` (status, body
     /// in chunks) and records what was asked.
-    fn client(answers: Vec<(u16, Chunks)>) -> (Client, Arc<Mutex<Vec<String>>>) {
+    fn client(answers: Vec<(u16, Chunks)>) -> (Calls, Arc<Mutex<Vec<String>>>) {
         let asked = Arc::new(Mutex::new(Vec::new()));
         let answers = Arc::new(Mutex::new(VecDeque::from(answers)));
         let seen = asked.clone();
@@ -417,7 +411,7 @@ mod tests {
                 Ok::<_, Infallible>(http::Response::builder().status(status).body(body).unwrap())
             }
         });
-        (Client::new(service, "default"), asked)
+        (Calls::new(service), asked)
     }
 
     fn map(name: &str, version: &str) -> serde_json::Value {

@@ -15,6 +15,7 @@
 //! It uses only `config` and `model`.
 
 pub mod api_client;
+pub mod calls;
 pub mod conn_pool;
 pub mod health;
 pub mod lean_watch;

@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 use crate::leaf::Registry;
 use crate::model::counterpart::NamespaceMap;
 use crate::model::slim_pod::SlimPod;
+use crate::ops::calls::Calls;
 use crate::ops::lean_watch::LeanWatch;
 
 /// Where a root pod's requests go.
@@ -269,7 +270,8 @@ impl PodIndex {
 
     async fn watch_node(self, node: String) {
         let fields = Some(format!("spec.nodeName={node}"));
-        let mut events = LeanWatch::<SlimPod>::new(self.root.clone(), fields, PAGE_SIZE);
+        let mut events =
+            LeanWatch::<SlimPod>::new(Calls::of_client(self.root.clone()), fields, PAGE_SIZE);
         let mut seen: HashSet<Key> = HashSet::new();
         loop {
             match events.next().await {

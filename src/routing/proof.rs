@@ -3,7 +3,6 @@
 
 use http::StatusCode;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
 
 use crate::leaf::Leaf;
 use crate::model::counterpart::{LeafPodMatch, NAMESPACE_MAP_ANNOTATION};
@@ -129,9 +128,9 @@ pub async fn verify(
     root: RootPod<'_>,
 ) -> Result<LeafPod, CounterpartError> {
     let target = target(leaf, root)?;
-    let api: Api<Pod> = Api::namespaced(leaf.client(), &target.namespace);
-    let found = api
-        .get_metadata_opt(&target.name)
+    let found = leaf
+        .client()
+        .get_metadata_opt::<Pod>(&target.namespace, &target.name)
         .await
         .map_err(|source| match source {
             kube::Error::Api(status) => CounterpartError::LeafRefused {

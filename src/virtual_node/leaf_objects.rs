@@ -16,13 +16,13 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use kube::Client;
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::ops::calls::Calls;
 use crate::ops::lean_watch::LeanWatch;
 use crate::ops::metrics::Metrics;
 use crate::ops::read_limits::OverLimit;
@@ -94,7 +94,7 @@ pub struct LeafObjects<K: Kept> {
 
 impl<K: Kept> LeafObjects<K> {
     /// Starts watching every object of its kind on the cluster `client` reaches, within `bound`.
-    pub fn start(client: Client, bound: Bound) -> LeafObjects<K> {
+    pub fn start(client: Calls, bound: Bound) -> LeafObjects<K> {
         let kept = Arc::new(RwLock::new(K::default()));
         let (state_tx, state) = watch::channel(State::Listing);
         let task = tokio::spawn(run(client, kept.clone(), state_tx, bound));
@@ -126,7 +126,7 @@ impl<K: Kept> Drop for LeafObjects<K> {
 /// Watches until dropped; after each overflow frees the records, says why, waits, and starts
 /// over.
 async fn run<K: Kept>(
-    client: Client,
+    client: Calls,
     kept: Arc<RwLock<K>>,
     state: watch::Sender<State>,
     bound: Bound,
@@ -167,7 +167,7 @@ async fn run<K: Kept>(
 
 /// Runs one watch until the leaf goes past a bound: why, and since when it had been listed.
 async fn watch_until_over<K: Kept>(
-    client: &Client,
+    client: &Calls,
     kept: &RwLock<K>,
     state: &watch::Sender<State>,
     max: usize,

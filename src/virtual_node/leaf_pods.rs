@@ -11,11 +11,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use kube::Client;
-
 use super::leaf_objects::{Bound, Kept, LeafObjects, State};
 use crate::model::quantity::Milli;
 use crate::model::slim_pod::SlimPod;
+use crate::ops::calls::Calls;
 
 /// A leaf pod's namespace and name.
 pub type PodKey = (Box<str>, Box<str>);
@@ -150,7 +149,7 @@ impl Kept for Facts {
 
 impl LeafPods {
     /// Starts watching the pods of the leaf `client` reaches, keeping at most `bound.max`.
-    pub fn start(client: &Client, bound: Bound) -> LeafPods {
+    pub fn start(client: &Calls, bound: Bound) -> LeafPods {
         LeafPods(LeafObjects::start(client.clone(), bound))
     }
 

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Client;
 
 use super::desired::{Health, schedulable_and_ready};
 use super::leaf_objects::{Bound, Kept, LeafObjects, State};
 use super::leaf_pods::LeafPods;
 use crate::config::LeafBounds;
+use crate::ops::calls::Calls;
 use crate::ops::metrics::Metrics;
 
 /// How long a health probe of the leaf apiserver may take.
@@ -31,7 +31,7 @@ pub struct LeafWatch {
 impl LeafWatch {
     /// Starts watching leaf `leaf`'s nodes and pods through `client`, within `bounds`; overflows
     /// are counted in `metrics`.
-    pub fn start(leaf: &str, client: &Client, bounds: LeafBounds, metrics: &Metrics) -> LeafWatch {
+    pub fn start(leaf: &str, client: &Calls, bounds: LeafBounds, metrics: &Metrics) -> LeafWatch {
         let bound = |max| Bound {
             leaf: leaf.to_string(),
             max,
@@ -123,7 +123,7 @@ fn stripped(node: Node) -> Node {
 }
 
 /// Probes the leaf apiserver's `/readyz` and counts Ready, schedulable nodes.
-pub async fn probe(client: &Client, watch: &LeafWatch) -> Health {
+pub async fn probe(client: &Calls, watch: &LeafWatch) -> Health {
     let request = match http::Request::get("/readyz").body(Vec::new()) {
         Ok(r) => r,
         Err(err) => return Health::Unreachable(err.to_string()),
@@ -168,8 +168,8 @@ pub async fn probe(client: &Client, watch: &LeafWatch) -> Health {
 }
 
 /// The leaf's Kubernetes version (`v1.34.2`), if it answers.
-pub async fn version(client: &Client) -> Option<String> {
-    match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
+pub async fn version(client: &Calls) -> Option<String> {
+    match tokio::time::timeout(PROBE_TIMEOUT, client.version()).await {
         Ok(Ok(info)) => Some(info.git_version),
         _ => None,
     }

@@ -297,11 +297,11 @@ impl NodeStats {
         if let LeafPodMatch::Label { key, value } = &self.rule {
             params = params.labels(&format!("{key}={value}"));
         }
-        let api: Api<Pod> = Api::all(leaf.client());
+        let calls = leaf.client();
         let listed = paged(|token| {
             let params = continued(&params, token);
-            let api = api.clone();
-            async move { api.list_metadata(&params).await.map(page_of) }
+            let calls = calls.clone();
+            async move { calls.list_metadata::<Pod>(&params).await.map(page_of) }
         })
         .await
         .map_err(|source| StatsError::LeafPods {
