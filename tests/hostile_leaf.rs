@@ -620,13 +620,23 @@ fn an_endless_watch_line_costs_a_bounded_amount_and_no_other_leaf_notices() {
         // The process watches the leaf's pods: wait until its endless watch has ended, cut by
         // relaylet or given up by the leaf at its cap (a name served by the sandbox's replica
         // may have ended one too, before it was removed).
-        tokio::time::timeout(HANG, async {
+        let cut = tokio::time::timeout(HANG, async {
             while leaf.seen(|s| s.endless.is_empty()) || !limit_exceeded_at(metrics, &name, "watch_line").await {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
-        .await
-        .expect("the process watched the endless leaf's pods");
+        .await;
+        if cut.is_err() {
+            // Seen twice in full runs (Nov 28), never alone: say what stood where.
+            let streamed = leaf.seen(|s| s.endless.clone());
+            let counted = limit_exceeded_at(metrics, &name, "watch_line").await;
+            let writer = served_by(e, &name).await;
+            panic!(
+                "the process did not cut leaf {name}'s endless pod watch within {HANG:?}: the leaf \
+                 streamed {streamed:?} bytes per watch, watch_line counted: {counted}, its Node \
+                 served by {writer}"
+            );
+        }
         let peak = status_kib(pid, "VmHWM");
         let streamed = leaf.seen(|s| s.endless.clone());
         eprintln!(

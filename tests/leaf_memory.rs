@@ -55,11 +55,11 @@ fn held() -> isize {
 /// What relaylet may hold for one registered leaf, in bytes, its clients not used. Measured on
 /// Nov 27 2026: 3,941 B; 31,644 B while both clients were built with the leaf.
 const BUDGET_REGISTERED: isize = 8 * 1024;
-/// ... and once both its clients are used. Measured on Nov 28 2026: 23,845 B; 34,875 B while
-/// the API client was a `kube::Client` (a tower `Buffer` and its worker: `ops::calls`); 59,668
-/// B while each client's TLS settings had rustls' default session cache (room for 32 servers,
-/// allocated up front, for a client that talks to one).
-const BUDGET_USED: isize = 28 * 1024;
+/// ... and once both its clients are used. Measured on Nov 28 2026: 12,490 B; 23,845 B while
+/// the stream client was a `kube::Client`, 34,875 B while both were (each a tower `Buffer` and
+/// its worker: `ops::calls`); 59,668 B while each client's TLS settings had rustls' default
+/// session cache (room for 32 servers, allocated up front, for a client that talks to one).
+const BUDGET_USED: isize = 16 * 1024;
 
 /// A leaf Secret's kubeconfig as the fleet's are: the leaf's CA and a client certificate, inline.
 fn kubeconfig(ca: &Ca) -> String {

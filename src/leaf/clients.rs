@@ -1,13 +1,10 @@
 //! A leaf's two API clients, and when they are built. Both come from the leaf's kubeconfig,
-//! so both carry its TLS settings and credentials: one for ordinary API calls
-//! (`ops::api_client`, as `ops::calls`: no `kube::Client` of its own), and one for relayed
-//! streams (a `kube::Client`), with no read or write timeout (an
-//! interactive shell may be quiet for hours; relaylet enforces its own idle timeout) and no
-//! retries (a retried exec would run a command twice).
+//! so both carry its TLS settings and credentials, and neither is a `kube::Client` (see
+//! `ops::calls`): one for ordinary API calls (`ops::api_client`), and one for relayed streams,
+//! with no read or write timeout (an interactive shell may be quiet for hours; relaylet
+//! enforces its own idle timeout) and no retries (a retried exec would run a command twice).
 
 use std::sync::Mutex;
-
-use kube::Client;
 
 use crate::leaf::dialer::LeafDialer;
 use crate::leaf::warm_connector::{Sources, WarmConnector};
@@ -34,7 +31,7 @@ fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLi
 /// What a leaf's API clients are built from, and the clients once built. Every replica
 /// registers every leaf of the fleet (so it can take the leaf's Node over at once) but uses the
 /// clients only of the leaves whose Nodes it serves, and of sessions that reach it while a Node
-/// moves; built, the two hold about 23 KiB (`tests/leaf_memory.rs`), so they are built the first
+/// moves; built, the two hold about 12 KiB (`tests/leaf_memory.rs`), so they are built the first
 /// time they are used. Whether they can be built was checked when the leaf was registered.
 pub(super) struct LeafClients {
     leaf: String,
@@ -44,7 +41,7 @@ pub(super) struct LeafClients {
     spare: bool,
     /// Built on first use; dropped by [`LeafClients::release`].
     api: Mutex<Option<Calls>>,
-    stream: Mutex<Option<Client>>,
+    stream: Mutex<Option<Calls>>,
 }
 
 impl LeafClients {
@@ -76,11 +73,11 @@ impl LeafClients {
         })
     }
 
-    pub(super) fn stream(&self) -> Client {
+    /// The client for relayed streams, built on first use.
+    pub(super) fn stream(&self) -> Calls {
         get_or_build(&self.stream, || {
             let built = self.build_stream();
             self.or_failing(built)
-                .into_client(self.config.default_namespace.clone())
         })
     }
 

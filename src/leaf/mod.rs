@@ -139,7 +139,7 @@ impl Leaf {
 
     /// The client for relayed exec/attach/port-forward/logs (no timeouts, no retries), built on
     /// first use.
-    pub fn stream_client(&self) -> Client {
+    pub fn stream_client(&self) -> Calls {
         self.clients.stream()
     }
 

@@ -2,9 +2,10 @@
 //!
 //! Every `kube::Client` puts its stack behind a tower `Buffer`: a worker task and a channel
 //! whose first block holds 32 requests (about 9.3 KiB, allocated with the client). A replica
-//! keeps one API client per leaf it serves, so at 1,000 leaves over three replicas that block
-//! was about a tenth of the memory per leaf served (`relaylet-dev bench --only fleet`; see
-//! docs/performance.md, "Fleets"). A leaf's calls only need what kube does around a request:
+//! keeps an API client for each leaf it serves (and a stream client for each leaf with
+//! sessions), so at 1,000 leaves over three replicas that block was about a tenth of the
+//! memory per leaf served (`relaylet-dev bench --only fleet`; see docs/performance.md,
+//! "Fleets"). A leaf's calls only need what kube does around a request:
 //! send it, turn a 4xx/5xx answer into `kube::Error::Api` with the server's `Status`, read a
 //! JSON answer. [`Calls`] does that on a cloneable stack, with the same errors as kube's
 //! client, so callers read the same errors either way. The root keeps its `kube::Client`

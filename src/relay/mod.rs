@@ -29,6 +29,7 @@ use tracing::Instrument;
 
 use crate::leaf::Leaf;
 use crate::model::status::{self, Refusal};
+use crate::ops::calls;
 use crate::ops::limits::StreamPermit;
 use crate::ops::metrics::Metrics;
 use crate::ops::shutdown::OpenSessions;
@@ -265,7 +266,7 @@ impl Relay {
         leaf: &Leaf,
         path: &str,
         session: &Session,
-    ) -> Result<http::Response<kube::client::Body>, Unrelayed> {
+    ) -> Result<http::Response<calls::Body>, Unrelayed> {
         if req.method() != http::Method::GET {
             return Err(Unrelayed::new(
                 session::Result::BadRequest,
@@ -298,7 +299,7 @@ impl Relay {
         &self,
         leaf: &Leaf,
         req: Request<kube::client::Body>,
-    ) -> Result<http::Response<kube::client::Body>, Refusal> {
+    ) -> Result<http::Response<calls::Body>, Refusal> {
         match tokio::time::timeout(self.creation_timeout, leaf.stream_client().send(req)).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(err)) => Err(Refusal::new(
@@ -372,7 +373,7 @@ struct CountedBody {
 
 /// Passes a leaf answer back with its status, the headers that matter, and its body streamed;
 /// with `counted`, every data frame is counted and the session ends with the body.
-fn pass_back(resp: http::Response<kube::client::Body>, counted: Option<CountedBody>) -> Response {
+fn pass_back(resp: http::Response<calls::Body>, counted: Option<CountedBody>) -> Response {
     let (parts, body) = resp.into_parts();
     let body = match counted {
         None => Body::new(body),
@@ -396,7 +397,7 @@ fn pass_back(resp: http::Response<kube::client::Body>, counted: Option<CountedBo
 /// The data of `body` as a stream, counted into `counted`; the end of the body (or an error)
 /// marks the session's result. Dropped early, the session keeps its "client closed" result.
 fn counted_stream(
-    body: kube::client::Body,
+    body: calls::Body,
     counted: CountedBody,
 ) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send {
     use http_body_util::BodyExt;
