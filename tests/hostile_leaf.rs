@@ -30,6 +30,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -546,9 +547,57 @@ async fn exchange(
     String::from_utf8_lossy(&got).into_owned()
 }
 
+/// The replica names of this file's relaylet processes.
+const PROCESSES: [&str; 2] = ["relaylet-endless", "relaylet-crowded"];
+
+/// Removes what is left of an earlier test's process: its presence Lease (as if its pod were
+/// gone), then waits until no virtual Node names it as its writer. Killed, a process still
+/// counts as a replica until its presence Lease runs out (10 s); when the sandbox's replica
+/// counts it gone, the spread is computed again, and with a room per replica that may move the
+/// Node a test has just placed on its own process (seen in full runs: the endless test right
+/// after the crowded one, its Node taken by the sandbox's replica).
+async fn no_process_serves(e: &Env) {
+    let client = root_client(e).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), RELAYLET_NAMESPACE);
+    for process in PROCESSES {
+        match leases
+            .delete(
+                &format!("relaylet-replica-{process}"),
+                &DeleteParams::default(),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            Err(err) => panic!("deleting {process}'s presence Lease: {err}"),
+        }
+    }
+    let nodes: Api<Node> = Api::all(client);
+    tokio::time::timeout(HANG, async {
+        loop {
+            let listed = nodes.list(&ListParams::default()).await.expect("the Nodes");
+            let held = listed.items.iter().any(|node| {
+                node.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("relaylet.io/served-by"))
+                    .is_some_and(|writer| PROCESSES.contains(&writer.as_str()))
+            });
+            if !held {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("an earlier test's process still serves a Node");
+}
+
 /// Starts relaylet as its own process in the sandbox's install and waits until it serves; its
-/// operations port too.
+/// operations port too. An earlier test's process must be gone first ([`no_process_serves`]).
 async fn measured_process(e: &Env, name: &str) -> (support::process::RelayletProcess, SocketAddr) {
+    assert!(PROCESSES.contains(&name), "{name} is not in PROCESSES");
+    no_process_serves(e).await;
     let metrics = relaylet_sim::ports::free_loopback_port().expect("a free port");
     let process = support::process::RelayletProcess::start(
         e,
@@ -631,10 +680,12 @@ fn an_endless_watch_line_costs_a_bounded_amount_and_no_other_leaf_notices() {
             let streamed = leaf.seen(|s| s.endless.clone());
             let counted = limit_exceeded_at(metrics, &name, "watch_line").await;
             let writer = served_by(e, &name).await;
+            let mut process = process;
+            let exited = process.child.try_wait();
             panic!(
                 "the process did not cut leaf {name}'s endless pod watch within {HANG:?}: the leaf \
                  streamed {streamed:?} bytes per watch, watch_line counted: {counted}, its Node \
-                 served by {writer}"
+                 served by {writer}, the process exited: {exited:?}"
             );
         }
         let peak = status_kib(pid, "VmHWM");
