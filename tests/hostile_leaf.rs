@@ -34,6 +34,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use relaylet::replicas::assignment::Assignment;
 use relaylet_dev::sandbox::{RELAYLET_NAMESPACE, Settings};
 use relaylet_sim::tls::Identity;
 use support::{Env, RT};
@@ -469,19 +470,26 @@ async fn served_by(e: &Env, leaf: &str) -> String {
 }
 
 /// Registers the leaf at `server` as `<base>-<i>` for the first `i` whose Node replica
-/// `process` (a measured process's pod name) serves, so that process watches it (a leaf is
-/// watched only by its Node's replica); the names served by the sandbox's replica are removed
-/// again. The leaf's name.
+/// `process` (a measured process's pod name) is to serve, so that process watches it (a leaf
+/// is watched only by its Node's replica), and checks that it does. The leaf's name.
 async fn add_leaf_served_by(e: &Env, base: &str, server: &str, process: &str) -> String {
-    for i in 0..16 {
-        let leaf = format!("{base}-{i}");
-        add_leaf(e, &leaf, server, None).await;
-        if served_by(e, &leaf).await == process {
-            return leaf;
-        }
-        remove_leaf(e, &leaf).await;
-    }
-    panic!("none of 16 names of leaf {base} was assigned to {process}");
+    // The name the spread gives to `process` once both replicas see the leaves there are now
+    // and this one, as they compute it: adding and removing names meanwhile changes every
+    // replica's room, and a Node first claimed under one count could move under the next (seen
+    // in full runs: the process's Node taken by the sandbox's replica).
+    let nodes = e.sandbox.relaylet.registry.node_names();
+    let name = (0..64)
+        .map(|i| format!("{base}-{i}"))
+        .find(|leaf| {
+            let node = format!("relaylet-{leaf}");
+            let with = nodes.iter().map(String::as_str).chain([node.as_str()]);
+            Assignment::compute(with, [SANDBOX_REPLICA, process]).replica_of(&node) == Some(process)
+        })
+        .unwrap_or_else(|| panic!("none of 64 names of leaf {base} goes to {process}"));
+    add_leaf(e, &name, server, None).await;
+    let writer = served_by(e, &name).await;
+    assert_eq!(writer, process, "leaf {name}'s Node is served by {writer}");
+    name
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -547,6 +555,8 @@ async fn exchange(
     String::from_utf8_lossy(&got).into_owned()
 }
 
+/// The sandbox's own replica.
+const SANDBOX_REPLICA: &str = "relaylet-0";
 /// The replica names of this file's relaylet processes.
 const PROCESSES: [&str; 2] = ["relaylet-endless", "relaylet-crowded"];
 
