@@ -5,7 +5,8 @@
 //! on an HTTP/1.1-only client of its own (`over`, and `https_connector` with `Alpn::Http1`).
 //! A leaf's API client reads its answers within `read_limits` (a leaf is not trusted); the
 //! root's and the stream client's bodies pass unchanged. The root's client is a `kube::Client`
-//! (`build`); a leaf's are [`Calls`] without one (`calls`, `over`), one `Buffer` less per leaf.
+//! (`root_from`); a leaf's are [`Calls`] without one (`calls`, `over`), one `Buffer` less per
+//! leaf.
 //!
 //! The API clients offer h2 and http/1.1 by ALPN. Over h2 every watch and call is a stream on
 //! one of a few connections, so the root connections no longer grow with the leaves (over

@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use kube::api::{ListParams, VersionMatch, WatchParams};
-use kube::core::ObjectList;
-use kube::core::{Status, WatchEvent};
+use kube::core::{ObjectList, Status, WatchEvent};
 use kube::runtime::watcher::Event;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
