@@ -96,7 +96,7 @@ pub struct Config {
     pub client_ca: Option<PathBuf>,
     pub node_server_port: u16,
     /// How many ports above `node_server_port` the virtual nodes' own listeners may take
-    /// (`NODE_PORTS`): one per virtual node, so the most leaves an install serves.
+    /// (`NODE_PORTS`): one per virtual node a replica serves, so the most it serves at once.
     pub node_ports: u16,
     pub static_leaf: Option<StaticLeaf>,
     pub leaf_secret_namespace: Option<String>,
@@ -720,9 +720,9 @@ fn log_format(vars: &mut Vars<'_>) -> LogFormat {
 
 /// The connection and session caps (`MAX_*`).
 /// `NODE_PORTS`: every virtual node gets a listener of its own on the first free port above
-/// `NODE_SERVER_PORT` (`node_server::node_ports`), and every replica listens for every leaf's node
-/// (to take it over at once), so this is the most leaves one install can serve. The chart's
-/// NetworkPolicy opens exactly this range, from the same value.
+/// `NODE_SERVER_PORT` (`node_server::node_ports`) on the replica that writes its Node, so this is
+/// the most virtual nodes one replica serves at once. The chart's NetworkPolicy opens exactly
+/// this range, from the same value.
 fn node_ports(vars: &mut Vars<'_>, node_server_port: u16) -> u16 {
     let Some(raw) = vars.get("NODE_PORTS") else {
         return DEFAULT_NODE_PORTS;

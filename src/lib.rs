@@ -424,16 +424,14 @@ impl NodeServers {
         }
         tracing::info!(%addr, auth = ?config.auth_mode, "node server listening");
         let node_ports = self.node_ports.clone();
-        let registry = self.registry.clone();
         let listeners = node_server::Listeners::new(self.node_server(shutdown));
-        tokio::spawn(node_ports.run(
-            registry,
+        node_ports.serve(
             addr,
             config.node_ports,
             tls.clone(),
             listeners.clone(),
             shutdown.begin.clone(),
-        ));
+        );
         // Armed here, not only by the signal handler, so any way of beginning shutdown (a
         // signal, an embedding test) gets the configured grace period.
         let grace = config.shutdown_grace_period;

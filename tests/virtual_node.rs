@@ -1047,7 +1047,8 @@ fn root_pod_watches(root: &Cluster, node: &str) -> u64 {
 /// Waits until every leaf in `leaves` (leaf, its Node) is watched by exactly one replica: one
 /// watch of its nodes and one of its pods more than `baseline` (what the leaf's own kubelet
 /// stand-in watches), the root pods on its Node by one watch, and each replica of `replicas`
-/// runs exactly the leaves whose Nodes `owners` says it serves.
+/// runs exactly the leaves whose Nodes `owners` says it serves, and listens on their nodes'
+/// ports alone.
 async fn each_leaf_watched_once(
     root: &Cluster,
     leaves: &[(&Cluster, String)],
@@ -1084,14 +1085,27 @@ async fn each_leaf_watched_once(
                 .iter()
                 .map(|(_, node)| (node.as_str(), root_pod_watches(root, node)))
                 .collect();
+            // A replica listens only for the nodes it serves (`node_ports`).
+            let ports: BTreeMap<&str, Vec<String>> = replicas
+                .iter()
+                .map(|(name, r)| (*name, r.running.node_ports.all().into_keys().collect()))
+                .collect();
+            let mut expected_ports: BTreeMap<&str, Vec<String>> =
+                replicas.keys().map(|name| (*name, Vec::new())).collect();
+            for (node, owner) in owners {
+                if let Some(nodes) = expected_ports.get_mut(owner.as_str()) {
+                    nodes.push(node.clone());
+                }
+            }
             if extra.iter().all(|(_, n, p)| (*n, *p) == (1, 1))
                 && root_watches.iter().all(|(_, w)| *w == 1)
                 && served == expected
+                && ports == expected_ports
             {
                 return;
             }
             last = format!(
-                "replica watches per leaf (node, nodes, pods): {extra:?}; root pod watches per node: {root_watches:?}; leaves served: {served:?}, expected {expected:?}"
+                "replica watches per leaf (node, nodes, pods): {extra:?}; root pod watches per node: {root_watches:?}; leaves served: {served:?}, expected {expected:?}; node ports: {ports:?}, expected {expected_ports:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -1249,12 +1263,25 @@ async fn a_takeover_before_the_leaf_lists_keeps_the_node_ready_and_its_capacity(
             .keys()
             .find(|n| **n != writer)
             .expect("the other replica");
-        let other_port = replicas[other]
-            .running
-            .node_ports
-            .addr_of(NODE)
-            .expect("the other replica's port for the node")
-            .port();
+        // A replica listens only for the nodes it writes: the writer has the node's port, the
+        // other none (it binds one when it takes the Node over).
+        assert!(
+            replicas[writer.as_str()]
+                .running
+                .node_ports
+                .addr_of(NODE)
+                .is_some(),
+            "the writer listens for its node"
+        );
+        wait_for("the other replica without a port for the node", || {
+            replicas[other]
+                .running
+                .node_ports
+                .addr_of(NODE)
+                .is_none()
+                .then_some(())
+        })
+        .await;
 
         // The leaf stops answering lists; the writer crashes.
         leaf.api.stall_lists(true);
@@ -1267,6 +1294,7 @@ async fn a_takeover_before_the_leaf_lists_keeps_the_node_ready_and_its_capacity(
             let node = node_of(&store)?;
             let endpoint = node.status.as_ref()?.daemon_endpoints.as_ref()?;
             let written_port = endpoint.kubelet_endpoint.as_ref()?.port;
+            let other_port = replicas[other].running.node_ports.addr_of(NODE)?.port();
             (served_by(&node) == other
                 && first_address(&node)?.1 == ips[other]
                 && written_port == i32::from(other_port))

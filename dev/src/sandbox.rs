@@ -294,7 +294,7 @@ impl Sandbox {
             .await
             .context("starting relaylet")?;
 
-        // Each virtual node's own kubelet port is bound once its leaf is registered. Wait for
+        // Each virtual node's own kubelet port is bound once relaylet takes its Node. Wait for
         // them before starting pods: the pods' ports are picked free-then-bound by the kubelet
         // stand-in, and must not race relaylet for the same number.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -13,141 +13,207 @@
 //! proxy calls the port a Node names with its own, all-powerful identity on behalf of a user who
 //! was authorized for that node alone.
 //!
+//! A replica listens only for the nodes it writes: the leaf's loop claims the port before it
+//! writes the Node (`virtual_node::leaf_loop`) and releases it once another replica writes the
+//! Node or the leaf is gone. Listening for every leaf of the fleet on every replica cost a
+//! socket, a task and about 1.3 KiB per leaf on each, and made `NODE_PORTS` the most leaves an
+//! install could have; now it is the most one replica serves at once. A released port keeps
+//! listening for [`LINGER`], so a session the root apiserver sent just before the Node moved
+//! still lands.
+//!
 //! Ports are taken from `NODE_SERVER_PORT + 1` upwards, the first free one for each node, so
 //! they may differ between replicas: the replica that writes a Node writes its own port together
 //! with its own address. At most `NODE_PORTS` of them (the chart's NetworkPolicy opens that
 //! range): a node past it gets no listener, and its Node is not written, with one error logged
 //! that names the setting, until a port frees.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::connection;
 use super::connection::Listeners;
-use crate::leaf::Registry;
 
-/// How long to wait before trying again to bind a node's port when none was free.
-const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a released node port still accepts connections: sessions the root apiserver
+/// addressed from the Node before it named another replica (or, handed back, before the next
+/// replica wrote it; that takes a round, 2 s) are still served.
+pub const LINGER: Duration = Duration::from_secs(30);
 
 /// Which port serves which virtual node on this replica. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct NodePorts {
-    ports: Arc<RwLock<BTreeMap<String, SocketAddr>>>,
+    inner: Arc<Inner>,
 }
 
+#[derive(Default)]
+struct Inner {
+    ports: RwLock<BTreeMap<String, Bound>>,
+    /// What a node's listener needs, once the node server listens.
+    server: watch::Sender<Option<Arc<Server>>>,
+    /// Nodes whose missing port was reported: once each, not at every retry.
+    reported: Mutex<HashSet<String>>,
+}
+
+/// One node's listener.
+struct Bound {
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+/// Where nodes' listeners are bound and what serves them.
+struct Server {
+    /// The shared port's address: the nodes' ports are the `window` above it.
+    shared: SocketAddr,
+    window: u16,
+    tls: Arc<rustls::ServerConfig>,
+    listeners: Listeners,
+    /// The node server's shutdown: it stops every node's listener too.
+    stop: CancellationToken,
+}
+
+/// Why a node has no port of its own.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct NoPort(#[from] std::io::Error);
+
 impl NodePorts {
-    /// The address of `node`'s own listener, once it is bound.
+    /// The address of `node`'s own listener, while it has one.
     pub fn addr_of(&self, node: &str) -> Option<SocketAddr> {
-        self.ports
+        self.inner
+            .ports
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(node)
-            .copied()
+            .map(|b| b.addr)
     }
 
     /// Every node's listener.
     pub fn all(&self) -> BTreeMap<String, SocketAddr> {
-        self.ports.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.inner
+            .ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(node, b)| (node.clone(), b.addr))
+            .collect()
     }
 
-    /// Keeps one listener per registered virtual node, following the registry, until `stop`
-    /// fires. `make` builds the server for a node; `shared` is the shared port's address, and
-    /// the nodes' ports are the `window` above it.
-    pub async fn run(
-        self,
-        registry: Registry,
+    /// Starts serving nodes' ports: the `window` above `shared`, with `tls` and `listeners`,
+    /// until `stop` fires. Claims made before wait for it.
+    pub fn serve(
+        &self,
         shared: SocketAddr,
         window: u16,
         tls: Arc<rustls::ServerConfig>,
         listeners: Listeners,
         stop: CancellationToken,
     ) {
-        let mut leaves = registry.subscribe();
-        let mut running: HashMap<String, CancellationToken> = HashMap::new();
-        // Nodes whose missing port was reported: once each, not at every retry.
-        let mut reported: HashSet<String> = HashSet::new();
-        loop {
-            // A set: at 1,000 nodes a list's lookups were a million comparisons per change.
-            let nodes: HashSet<String> = leaves
-                .borrow_and_update()
-                .values()
-                .map(|l| l.node_name.clone())
-                .collect();
-            reported.retain(|node| nodes.contains(node));
-            running.retain(|node, token| {
-                let keep = nodes.contains(node);
-                if !keep {
-                    token.cancel();
-                    self.ports
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(node);
+        let server = Server {
+            shared,
+            window,
+            tls,
+            listeners,
+            stop,
+        };
+        self.inner.server.send_replace(Some(Arc::new(server)));
+    }
+
+    /// `node`'s own port, bound now if it has none: the first free one above the shared
+    /// port. Waits until the node server listens. A node past `NODE_PORTS` gets none (one
+    /// error logged per node until it gets one).
+    pub async fn claim(&self, node: &str) -> Result<SocketAddr, NoPort> {
+        if let Some(addr) = self.addr_of(node) {
+            return Ok(addr);
+        }
+        let mut server = self.inner.server.subscribe();
+        let server = match server.wait_for(Option::is_some).await {
+            Ok(server) => server.clone(),
+            Err(_) => None,
+        }
+        .ok_or_else(|| NoPort(std::io::Error::other("the node server is not listening")))?;
+        let mut ports = self.inner.ports.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(bound) = ports.get(node) {
+            return Ok(bound.addr);
+        }
+        // Ports this replica's listeners hold are not tried again: trying each from the bottom
+        // of the window made a fleet's start a million failed binds.
+        let held: HashSet<u16> = ports.values().map(|b| b.addr.port()).collect();
+        let bound = bind_free(
+            server.shared.ip(),
+            server.shared.port(),
+            server.window,
+            &held,
+        )
+        .and_then(|listener| {
+            let addr = listener.local_addr()?;
+            Ok((listener, addr))
+        });
+        let (listener, addr) = match bound {
+            Ok(bound) => bound,
+            Err(err) => {
+                // The Node is not written without its own port (see `leaf_loop`).
+                if self.reported().insert(node.to_string()) {
+                    tracing::error!(%node, %err, "no port for the node's own listener: its Node is not written until one frees; retrying");
                 }
-                keep
-            });
-            let mut unbound = false;
-            // Ports this replica's listeners hold are not tried again: trying each from the
-            // bottom of the window made a fleet's start a million failed binds.
-            let mut held: HashSet<u16> = self
-                .ports
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .map(SocketAddr::port)
-                .collect();
-            for node in nodes {
-                if running.contains_key(&node) {
-                    continue;
-                }
-                let listener = match bind_free(shared.ip(), shared.port(), window, &held).await {
-                    Ok(listener) => listener,
-                    Err(err) => {
-                        // The Node is not written without its own port (see `leaf_loop`).
-                        if reported.insert(node.clone()) {
-                            tracing::error!(%node, %err, "no port for the node's own listener: its Node is not written until one frees; retrying");
-                        }
-                        unbound = true;
-                        continue;
+                return Err(NoPort(err));
+            }
+        };
+        self.reported().remove(node);
+        tracing::info!(%node, %addr, "node listener up");
+        let stop = server.stop.child_token();
+        tokio::spawn(connection::serve(
+            listener,
+            server.tls.clone(),
+            server.listeners.clone(),
+            Some(node.to_string()),
+            stop.clone(),
+        ));
+        ports.insert(node.to_string(), Bound { addr, stop });
+        Ok(addr)
+    }
+
+    /// Gives up `node`'s port: it is no longer this replica's to name, and it stops accepting
+    /// [`LINGER`] later (sessions already on it carry on).
+    pub fn release(&self, node: &str) {
+        if self.addr_of(node).is_none() {
+            return;
+        }
+        let bound = self
+            .inner
+            .ports
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(node);
+        let Some(bound) = bound else { return };
+        tracing::info!(%node, addr = %bound.addr, "node listener released");
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::select! {
+                        () = tokio::time::sleep(LINGER) => bound.stop.cancel(),
+                        () = bound.stop.cancelled() => {}
                     }
-                };
-                reported.remove(&node);
-                let Ok(addr) = listener.local_addr() else {
-                    continue;
-                };
-                held.insert(addr.port());
-                tracing::info!(%node, %addr, "node listener up");
-                let token = stop.child_token();
-                tokio::spawn(connection::serve(
-                    listener,
-                    tls.clone(),
-                    listeners.clone(),
-                    Some(node.clone()),
-                    token.clone(),
-                ));
-                self.ports
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(node.clone(), addr);
-                running.insert(node, token);
+                });
             }
-            tokio::select! {
-                changed = leaves.changed() => if changed.is_err() { break },
-                _ = tokio::time::sleep(BIND_RETRY), if unbound => {}
-                _ = stop.cancelled() => break,
-            }
+            Err(_) => bound.stop.cancel(),
         }
-        for token in running.values() {
-            token.cancel();
-        }
+    }
+
+    fn reported(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.inner
+            .reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// The first free port of the `window` above `base` on `ip`, not trying those in `held`.
-async fn bind_free(
+fn bind_free(
     ip: IpAddr,
     base: u16,
     window: u16,
@@ -160,7 +226,7 @@ async fn bind_free(
         if held.contains(&port) {
             continue;
         }
-        if let Ok(listener) = TcpListener::bind((ip, port)).await {
+        if let Ok(listener) = bind((ip, port).into()) {
             return Ok(listener);
         }
     }
@@ -170,6 +236,20 @@ async fn bind_free(
          one per virtual node; raise it, and the chart's nodeServer.nodePorts, for more leaves)",
         base.saturating_add(1).min(last),
     )))
+}
+
+/// A listener on `addr`, bound in place (a few system calls, no waiting): a claim holds the map
+/// meanwhile, so two claims never take one port. As `TcpListener::bind` does: `SO_REUSEADDR`,
+/// so a port released a moment ago (connections in `TIME_WAIT`) can be bound again, and a
+/// backlog of 1,024.
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 #[cfg(test)]
@@ -201,7 +281,7 @@ mod tests {
             break (base, [shared, a, b]);
         };
         let none = HashSet::new();
-        let err = bind_free(ip, base, 2, &none).await.unwrap_err();
+        let err = bind_free(ip, base, 2, &none).unwrap_err();
         let want = format!(
             "every port of {}-{} is taken (NODE_PORTS=2 above NODE_SERVER_PORT",
             base + 1,
@@ -209,7 +289,7 @@ mod tests {
         );
         assert!(err.to_string().starts_with(&want), "{err}");
         // One more port in the window: found.
-        let listener = bind_free(ip, base, 3, &none).await.unwrap();
+        let listener = bind_free(ip, base, 3, &none).unwrap();
         assert_eq!(listener.local_addr().unwrap().port(), base + 3);
     }
 
@@ -231,9 +311,9 @@ mod tests {
             }
         };
         let held = HashSet::from([base + 1]);
-        let listener = bind_free(ip, base, 2, &held).await.unwrap();
+        let listener = bind_free(ip, base, 2, &held).unwrap();
         assert_eq!(listener.local_addr().unwrap().port(), base + 2);
-        let err = bind_free(ip, base, 1, &held).await.unwrap_err();
+        let err = bind_free(ip, base, 1, &held).unwrap_err();
         assert!(err.to_string().starts_with("every port of"), "{err}");
     }
 }

@@ -261,6 +261,10 @@ impl Controller {
                         }
                     }
                 }
+                if !state.held {
+                    // A port claimed by a write that never made the Node this replica's.
+                    self.node_ports.release(&leaf.node_name);
+                }
                 state.written = None;
                 state.node_uid = None;
                 continue;
@@ -349,12 +353,14 @@ impl Controller {
     ) -> Result<(), SyncError> {
         // The Node names this node's own kubelet port, never the shared one: the root
         // apiserver's node proxy calls whatever port a Node names with its own identity, and
-        // the shared port serves every node's pods. Until the port is bound (moments after the
-        // leaf registers), the Node is not written.
-        let Some(own_port) = self.node_ports.addr_of(&leaf.node_name).map(|a| a.port()) else {
-            return Err(SyncError::NoPort {
-                node: leaf.node_name.clone(),
-            });
+        // the shared port serves every node's pods. Without one, the Node is not written.
+        let own_port = match self.node_ports.claim(&leaf.node_name).await {
+            Ok(addr) => addr.port(),
+            Err(_) => {
+                return Err(SyncError::NoPort {
+                    node: leaf.node_name.clone(),
+                });
+            }
         };
         let nodes: Api<Node> = Api::all(self.root.clone());
         let leaf_nodes = watch.node_list();
@@ -639,6 +645,7 @@ impl LeafLoop {
         self.known_versions.clear();
         self.lease_renewed = None;
         controller.set_served(node, false);
+        controller.node_ports.release(node);
     }
 
     /// Whether `event` shows the Node other than this loop left it: gone, replaced, without our

@@ -170,8 +170,12 @@ impl Controller {
                     self.health.leaf_gone(&leaf.name);
                     self.set_served(&node, false);
                 }
-                if !current.contains_key(&node) && self.leadership.is_leader() {
-                    self.delete_node(&node).await;
+                if !current.contains_key(&node) {
+                    // Replaced (its Secret changed), the node keeps its port for the new loop.
+                    self.node_ports.release(&node);
+                    if self.leadership.is_leader() {
+                        self.delete_node(&node).await;
+                    }
                 }
             }
             self.reassign(current.keys().map(String::as_str));

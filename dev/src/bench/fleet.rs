@@ -183,8 +183,8 @@ impl Figures {
     }
 }
 
-/// `NODE_PORTS` of every replica: one port per virtual node, the default unless the fleet is
-/// larger.
+/// `NODE_PORTS` of every replica: one port per virtual node it serves, and a replica left alone
+/// serves the whole fleet: the default unless the fleet is larger.
 fn node_ports(size: Size) -> u16 {
     u16::try_from(size.leaves)
         .unwrap_or(u16::MAX)
