@@ -448,18 +448,22 @@ async fn limit_exceeded_at(at: SocketAddr, leaf: &str, limit: &str) -> bool {
     .await
 }
 
+/// The replica leaf `leaf`'s Node names as its writer now, if it names one.
+async fn writer_of(e: &Env, leaf: &str) -> Option<String> {
+    virtual_node(e, leaf).await.and_then(|node| {
+        node.metadata
+            .annotations?
+            .get("relaylet.io/served-by")
+            .filter(|w| !w.is_empty())
+            .cloned()
+    })
+}
+
 /// The replica leaf `leaf`'s Node names as its writer, once it names one.
 async fn served_by(e: &Env, leaf: &str) -> String {
     tokio::time::timeout(HANG, async {
         loop {
-            let writer = virtual_node(e, leaf).await.and_then(|node| {
-                node.metadata
-                    .annotations?
-                    .get("relaylet.io/served-by")
-                    .filter(|w| !w.is_empty())
-                    .cloned()
-            });
-            if let Some(writer) = writer {
+            if let Some(writer) = writer_of(e, leaf).await {
                 return writer;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -471,12 +475,11 @@ async fn served_by(e: &Env, leaf: &str) -> String {
 
 /// Registers the leaf at `server` as `<base>-<i>` for the first `i` whose Node replica
 /// `process` (a measured process's pod name) is to serve, so that process watches it (a leaf
-/// is watched only by its Node's replica), and checks that it does. The leaf's name.
+/// is watched only by its Node's replica), and waits until it does. The leaf's name.
 async fn add_leaf_served_by(e: &Env, base: &str, server: &str, process: &str) -> String {
     // The name the spread gives to `process` once both replicas see the leaves there are now
     // and this one, as they compute it: adding and removing names meanwhile changes every
-    // replica's room, and a Node first claimed under one count could move under the next (seen
-    // in full runs: the process's Node taken by the sandbox's replica).
+    // replica's room, and a Node first claimed under one count could move under the next.
     let nodes = e.sandbox.relaylet.registry.node_names();
     let name = (0..64)
         .map(|i| format!("{base}-{i}"))
@@ -487,8 +490,24 @@ async fn add_leaf_served_by(e: &Env, base: &str, server: &str, process: &str) ->
         })
         .unwrap_or_else(|| panic!("none of 64 names of leaf {base} goes to {process}"));
     add_leaf(e, &name, server, None).await;
-    let writer = served_by(e, &name).await;
-    assert_eq!(writer, process, "leaf {name}'s Node is served by {writer}");
+    // Waited for, not read once: a replica that has not yet seen a change of the replicas or
+    // the leaves (an earlier test's process gone, a leaf just removed) may claim the Node
+    // first and hand it back once it does (seen in full runs: the sandbox's replica first).
+    let mut last = None;
+    let settled = tokio::time::timeout(HANG, async {
+        loop {
+            last = writer_of(e, &name).await;
+            if last.as_deref() == Some(process) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "leaf {name}'s Node is not served by {process} within {HANG:?}: its writer is {last:?}"
+    );
     name
 }
 
