@@ -2,9 +2,11 @@
 //! the Node is assigned to, writes the Node (when it changed, and as a heartbeat) and renews its
 //! Lease; its Node's events put it back at once when someone else deletes or alters it.
 //!
-//! Every replica runs this loop for every leaf, but only its root side (its Node's events from
-//! the replica's one watch of the Nodes, `node_watch`, which tell it when to take the Node over
-//! or hand it back). The leaf side, the watches of the leaf's nodes and pods, its probes and
+//! Every replica runs this loop for every leaf, but between terms it only waits: for the Node to
+//! be assigned here (the assignment, this replica's presence) or to name this replica (its
+//! events from the replica's one watch of the Nodes, `node_watch`). A term keeps the Node while
+//! it is assigned here, written by this replica or names it, and ends when none holds. The
+//! leaf side, the watches of the leaf's nodes and pods, its probes and
 //! the root watch of the pods on its Node ([`LeafSide`]), runs only on the replica that
 //! serves the Node, is assigned it, or is still handing it over: each leaf is watched by one
 //! replica, and a leaf handed away is forgotten once the Node names its new replica. A replica
@@ -85,9 +87,73 @@ impl Drop for LeafSide {
         self.served.dec();
     }
 }
+/// What a loop knows of its Node from the last event, carried between its terms.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    /// The Node names this replica as its writer (held by this process or not).
+    names_me: bool,
+    /// The Node exists.
+    node_exists: bool,
+}
+
+impl Seen {
+    fn of(event: &NodeEvent, me: &str) -> Seen {
+        Seen {
+            names_me: matches!(event, NodeEvent::Applied(node) if served_by::served_by(node) == me),
+            node_exists: matches!(event, NodeEvent::Applied(_)),
+        }
+    }
+}
+
 impl Controller {
-    /// Keeps one leaf's Node and Lease up to date.
+    /// Keeps one leaf's Node and Lease up to date. A term ([`Controller::keep_leaf`]) runs
+    /// while the Node is assigned to this replica, is written by it or names it; between terms
+    /// the loop only waits for that to change: a few hundred bytes and no rounds, where a term
+    /// is a boxed future of about 1.4 KiB woken every 2 s (at 1,000 leaves on three replicas,
+    /// two thirds of each replica's loops are between terms).
     pub(super) async fn run_leaf(self: Arc<Self>, leaf: Arc<Leaf>) {
+        let mut assignment = self.assignment.subscribe();
+        let mut replicas = self.replicas.clone();
+        // Whether this replica may serve at all: a term starts only while it may.
+        let mut present = self.replicas.present.clone();
+        let node_events = self.nodes.subscribe(&leaf.node_name);
+        Box::pin(node_events.prime(&self.root)).await;
+        let mut seen = Seen::default();
+        loop {
+            if seen.names_me || self.assigned(&leaf.node_name) {
+                let term = self.clone().keep_leaf(
+                    &leaf,
+                    &mut assignment,
+                    &mut replicas,
+                    &node_events,
+                    seen,
+                );
+                match Box::pin(term).await {
+                    Some(after) => seen = after,
+                    None => return,
+                }
+                continue;
+            }
+            tokio::select! {
+                changed = assignment.changed() => if changed.is_err() { return },
+                _ = replicas.changed() => {}
+                _ = present.changed() => {}
+                event = node_events.next() => seen = Seen::of(&event, &self.replicas.me),
+            }
+        }
+    }
+
+    /// One term of a leaf's loop: until the Node is neither assigned here, nor written by this
+    /// replica, nor names it. What the Node's events said at its end (`None`: the controller
+    /// is gone).
+    async fn keep_leaf(
+        self: Arc<Self>,
+        leaf: &Arc<Leaf>,
+        assignment: &mut tokio::sync::watch::Receiver<Arc<crate::replicas::assignment::Assignment>>,
+        replicas: &mut crate::replicas::Replicas,
+        node_events: &super::node_watch::Subscription,
+        seen: Seen,
+    ) -> Option<Seen> {
         let mut leaf_side: Option<LeafSide> = None;
         let mut state = LeafLoop {
             health: Health::Unreachable("not probed yet".to_string()),
@@ -100,12 +166,11 @@ impl Controller {
             node_version: None,
             known_versions: VecDeque::new(),
             held: false,
-            names_me: false,
-            node_exists: false,
+            names_me: seen.names_me,
+            node_exists: seen.node_exists,
             refused: None,
         };
         let mut tick = Rounds::every(RECOMPUTE, self.grid);
-        let mut assignment = self.assignment.subscribe();
         // This Node's replica in the assignment as last seen: the assignment changes with
         // every leaf registered or replica seen, and only a change of this Node's replica is
         // this loop's business (at 1,000 leaves every registration woke every loop for a round).
@@ -113,20 +178,17 @@ impl Controller {
             .borrow_and_update()
             .replica_of(&leaf.node_name)
             .map(str::to_string);
-        let mut replicas = self.replicas.clone();
-        let node_events = self.nodes.subscribe(&leaf.node_name);
-        Box::pin(node_events.prime(&self.root)).await;
         loop {
             // The leaf is watched only while this replica serves its Node, is assigned it or
             // still hands it over.
             let wanted = state.held || self.assigned(&leaf.node_name);
             if wanted && leaf_side.is_none() {
-                leaf_side = Some(self.start_leaf(&leaf));
+                leaf_side = Some(self.start_leaf(leaf));
                 state.probed_at = None;
                 state.version_read = None;
             } else if !wanted && leaf_side.is_some() {
                 leaf_side = None;
-                self.stop_leaf(&leaf, &mut state);
+                self.stop_leaf(leaf, &mut state);
             }
             // Renewal is judged on the tick schedule, not on when the last write finished:
             // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
@@ -140,7 +202,7 @@ impl Controller {
                 now = tick.next() => now,
                 changed = assignment.changed() => {
                     if changed.is_err() {
-                        return;
+                        return None;
                     }
                     let seen = assignment.borrow_and_update();
                     let now = seen.replica_of(&leaf.node_name);
@@ -157,8 +219,9 @@ impl Controller {
                     continue;
                 }
                 event = node_events.next() => {
-                    state.names_me = matches!(&event, NodeEvent::Applied(node) if served_by::served_by(node) == &*self.replicas.me);
-                    state.node_exists = matches!(&event, NodeEvent::Applied(_));
+                    let seen = Seen::of(&event, &self.replicas.me);
+                    state.names_me = seen.names_me;
+                    state.node_exists = seen.node_exists;
                     // Handed back by its last writer (named no one) while assigned here: take it
                     // now, not at the next round (a replica joining, or the assignment moving).
                     if !state.held
@@ -264,6 +327,16 @@ impl Controller {
                 if !state.held {
                     // A port claimed by a write that never made the Node this replica's.
                     self.node_ports.release(&leaf.node_name);
+                    if !state.names_me {
+                        // Nothing of the Node is this replica's any more: the term ends.
+                        if leaf_side.take().is_some() {
+                            self.stop_leaf(leaf, &mut state);
+                        }
+                        return Some(Seen {
+                            names_me: false,
+                            node_exists: state.node_exists,
+                        });
+                    }
                 }
                 state.written = None;
                 state.node_uid = None;
@@ -274,7 +347,7 @@ impl Controller {
                 tick.now();
                 continue;
             };
-            match Box::pin(self.sync_leaf(&leaf, &side.watch, cold, &mut state, now)).await {
+            match Box::pin(self.sync_leaf(leaf, &side.watch, cold, &mut state, now)).await {
                 Ok(()) => state.refused = None,
                 Err(err @ SyncError::NotOurs { .. }) => {
                     // Said loudly once, not every round; retried in case the other goes.
@@ -559,8 +632,8 @@ struct LeafLoop {
     version: Option<String>,
     /// When `version` was last read from the leaf.
     version_read: Option<Instant>,
-    /// The status last written and when (boxed: every replica keeps a loop for each leaf of
-    /// the fleet, most of them never writing).
+    /// The status last written and when (boxed: it is large, and a term that only hands the
+    /// Node back never writes it).
     written: Option<Box<(NodeStatus, Instant)>>,
     lease_renewed: Option<Instant>,
     node_uid: Option<String>,

@@ -20,8 +20,9 @@
 //! (`node_watch`), so a deleted or altered Node is put back at once, not at the next heartbeat.
 //!
 //! Each leaf is watched by one replica only: every replica runs every leaf's loop, but a loop
-//! watches its leaf (nodes, pods, probes) only while its replica serves the leaf's Node, is
-//! assigned it or still hands it over (`leaf_loop`). The leader's duties need no leaf: Nodes of
+//! only waits unless its replica serves the leaf's Node, is assigned it or still hands it over,
+//! and watches its leaf (nodes, pods, probes) and listens on the node's own port only then
+//! (`leaf_loop`). The leader's duties need no leaf: Nodes of
 //! removed leaves are found from the registry of leaf Secrets, which every replica keeps (its
 //! leaf clients dial nothing until used).
 //!
