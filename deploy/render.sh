@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Renders deploy/relaylet.yaml, the plain manifests for users without Helm: the chart with its
-# default values, release "relaylet" in namespace "relaylet". tests/chart.rs fails when the
+# default values, release "relaylet" in namespace "relaylet". tests/it/chart.rs fails when the
 # file and the chart drift apart; run this after changing the chart.
 #   deploy/render.sh           rewrite deploy/relaylet.yaml
 #   deploy/render.sh --stdout  print what the file should hold

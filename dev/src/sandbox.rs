@@ -35,14 +35,14 @@ use crate::testkit::proxy::{LeafProxyKind, TestProxy};
 
 use relaylet::Running;
 use relaylet::config::Config;
-use relaylet::ops::shutdown::Shutdown;
+use relaylet::ops::Shutdown;
 
 /// The namespace relaylet runs in, in the root cluster: the one README's install and
 /// `deploy/relaylet.yaml` use.
 pub const RELAYLET_NAMESPACE: &str = "relaylet";
 /// relaylet's identity in the root cluster: the chart's ServiceAccount.
 pub const RELAYLET_ROOT_USER: &str = "system:serviceaccount:relaylet:relaylet";
-/// The chart rendered with its default values (`deploy/render.sh`; tests/chart.rs keeps it equal
+/// The chart rendered with its default values (`deploy/render.sh`; tests/it/chart.rs keeps it equal
 /// to the chart): the sandbox's root grants relaylet exactly the RBAC it holds.
 pub const ROOT_MANIFEST: &str = include_str!("../../deploy/relaylet.yaml");
 /// relaylet's identity in each leaf cluster: the ServiceAccount `deploy/leaf-rbac.yaml` makes.

@@ -26,7 +26,7 @@ const KEY: &str = "client-ca-file";
 const FILE_POLL: Duration = Duration::from_secs(10);
 
 /// Loads the client CA and keeps it current until `stop` fires.
-pub async fn start(
+pub async fn start_client_ca(
     config: &Config,
     root: &Client,
     stop: CancellationToken,

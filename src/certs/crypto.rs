@@ -22,6 +22,6 @@ pub enum TlsError {
 }
 
 /// The crypto provider used everywhere (ring: no C toolchain beyond cc, no OpenSSL).
-pub fn provider() -> Arc<CryptoProvider> {
+pub fn crypto_provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -34,7 +34,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use crate::certs::serving_csr::{COMMON_NAME_PREFIX, ORGANIZATION, SIGNER, ip_from_bytes};
-use crate::ops::metrics::Metrics;
+use crate::ops::Metrics;
 
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";

@@ -15,7 +15,7 @@ use rustls::pki_types::PrivateKeyDer;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::certs::crypto::{TlsError, provider};
+use crate::certs::crypto::{TlsError, crypto_provider as provider};
 
 /// How long a self-signed certificate is valid.
 pub const LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);

@@ -33,9 +33,9 @@ use rustls::sign::CertifiedKey;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::certs::crypto::provider;
+use crate::certs::crypto::crypto_provider as provider;
 use crate::config::CsrSettings;
-use crate::ops::metrics::Metrics;
+use crate::ops::{Backoff, Metrics};
 
 /// The signer whose certificates kube-apiserver's `--kubelet-certificate-authority` trusts.
 pub const SIGNER: &str = "kubernetes.io/kubelet-serving";
@@ -59,7 +59,7 @@ const MIN_RENEW_WAIT: Duration = Duration::from_secs(1);
 
 /// Where the certificate stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
+pub enum CertState {
     /// No CSR created yet (or creating one failed: `error`).
     Requesting { error: Option<String> },
     /// CSR `csr` waits for approval and signing.
@@ -82,7 +82,7 @@ pub struct Subject {
 /// The CSR-issued certificate; a rustls resolver and the task that keeps it current.
 pub struct CsrCert {
     current: RwLock<Option<(SystemTime, Arc<CertifiedKey>)>>,
-    state: watch::Sender<State>,
+    state: watch::Sender<CertState>,
     approver: bool,
 }
 
@@ -98,12 +98,12 @@ impl CsrCert {
     pub fn new(approver: bool) -> Arc<CsrCert> {
         Arc::new(CsrCert {
             current: RwLock::new(None),
-            state: watch::Sender::new(State::Requesting { error: None }),
+            state: watch::Sender::new(CertState::Requesting { error: None }),
             approver,
         })
     }
 
-    pub fn state(&self) -> State {
+    pub fn state(&self) -> CertState {
         self.state.borrow().clone()
     }
 
@@ -119,13 +119,13 @@ impl CsrCert {
             return None;
         }
         Some(match self.state() {
-            State::Requesting { error: None } => "serving certificate: requesting".to_string(),
-            State::Requesting { error: Some(e) } => {
+            CertState::Requesting { error: None } => "serving certificate: requesting".to_string(),
+            CertState::Requesting { error: Some(e) } => {
                 format!("serving certificate: cannot create a CSR: {e}")
             }
-            State::Pending { csr } => self.pending_message(&csr),
-            State::Refused { csr, why } => format!("serving certificate: CSR {csr} {why}"),
-            State::Ready { .. } => "serving certificate expired".to_string(),
+            CertState::Pending { csr } => self.pending_message(&csr),
+            CertState::Refused { csr, why } => format!("serving certificate: CSR {csr} {why}"),
+            CertState::Ready { .. } => "serving certificate expired".to_string(),
         })
     }
 
@@ -142,7 +142,9 @@ impl CsrCert {
     /// Resolves once a certificate is served (at once if one is).
     pub async fn ready(self: Arc<Self>) {
         let mut state = self.state.subscribe();
-        let _ = state.wait_for(|s| matches!(s, State::Ready { .. })).await;
+        let _ = state
+            .wait_for(|s| matches!(s, CertState::Ready { .. }))
+            .await;
     }
 
     /// Requests a certificate, serves it, renews it in time; until `stop` fires. `names` gives
@@ -157,7 +159,7 @@ impl CsrCert {
         stop: CancellationToken,
     ) {
         let api: Api<CertificateSigningRequest> = Api::all(root);
-        let mut retry = FIRST_RETRY;
+        let mut backoff = Backoff::new(FIRST_RETRY, MAX_RETRY);
         loop {
             let names = names();
             let outcome = tokio::select! {
@@ -167,7 +169,7 @@ impl CsrCert {
             metrics.serving_cert_pending.set(0);
             let wait = match outcome {
                 Ok(issued) => {
-                    retry = FIRST_RETRY;
+                    backoff.reset();
                     let wait = renew_at(issued.not_before, issued.not_after, settings.renew_before)
                         .duration_since(SystemTime::now())
                         .unwrap_or_default()
@@ -180,7 +182,7 @@ impl CsrCert {
                     );
                     *self.current.write().unwrap_or_else(|e| e.into_inner()) =
                         Some((issued.not_after, issued.key));
-                    self.state.send_replace(State::Ready {
+                    self.state.send_replace(CertState::Ready {
                         not_after: issued.not_after,
                     });
                     metrics.serving_cert_issued.inc();
@@ -194,13 +196,11 @@ impl CsrCert {
                     tracing::error!(
                         state = ?state,
                         still_serving_the_old_certificate = still_valid,
-                        retry_in = ?retry,
+                        retry_in = ?backoff.peek(),
                         "no serving certificate from {SIGNER}"
                     );
                     self.state.send_replace(state);
-                    let wait = retry;
-                    retry = (retry * 2).min(MAX_RETRY);
-                    wait
+                    backoff.next_wait()
                 }
             };
             tokio::select! {
@@ -219,8 +219,8 @@ impl CsrCert {
         settings: &CsrSettings,
         names: &BTreeSet<String>,
         metrics: &Metrics,
-    ) -> Result<Issued, State> {
-        let requesting = |e: String| State::Requesting { error: Some(e) };
+    ) -> Result<Issued, CertState> {
+        let requesting = |e: String| CertState::Requesting { error: Some(e) };
         let key = rcgen::KeyPair::generate().map_err(|e| requesting(e.to_string()))?;
         let request = request_pem(subject, names, &key).map_err(requesting)?;
         let csr = CertificateSigningRequest {
@@ -250,7 +250,7 @@ impl CsrCert {
             .map_err(|e| requesting(format!("creating the CertificateSigningRequest: {e}")))?;
         let name = created.metadata.name.unwrap_or_default();
         self.state
-            .send_replace(State::Pending { csr: name.clone() });
+            .send_replace(CertState::Pending { csr: name.clone() });
         metrics.serving_cert_pending.set(1);
         if self.approver {
             tracing::info!(csr = %name, ip = %subject.ip, "serving certificate requested; relaylet's approver will check and approve it");
@@ -261,7 +261,7 @@ impl CsrCert {
                 "serving certificate requested; this replica is not ready until an administrator approves it: kubectl certificate approve {name}"
             );
         }
-        let refused = |why: String| State::Refused {
+        let refused = |why: String| CertState::Refused {
             csr: name.clone(),
             why,
         };
@@ -525,7 +525,7 @@ mod tests {
             manual.problem(SystemTime::now()).as_deref(),
             Some("serving certificate: requesting")
         );
-        manual.state.send_replace(State::Pending {
+        manual.state.send_replace(CertState::Pending {
             csr: "relaylet-0-x7k2p".into(),
         });
         assert_eq!(
@@ -534,7 +534,7 @@ mod tests {
                 "serving certificate: CSR relaylet-0-x7k2p awaits approval (kubectl certificate approve relaylet-0-x7k2p)"
             )
         );
-        manual.state.send_replace(State::Refused {
+        manual.state.send_replace(CertState::Refused {
             csr: "relaylet-0-x7k2p".into(),
             why: "was denied: Nope: not yours".into(),
         });

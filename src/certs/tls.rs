@@ -19,12 +19,12 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
 use crate::certs::crypto::TlsError;
-use crate::certs::crypto::provider;
+use crate::certs::crypto::crypto_provider as provider;
 use crate::config::{Config, ServingCert};
 
 /// The serving certificate of `SERVING_CERT_MODE` files or generate. (`csr` certificates come
 /// from `serving_csr::CsrCert`, which needs the root cluster.)
-pub fn certificate(config: &Config) -> Result<Arc<dyn ResolvesServerCert>, TlsError> {
+pub fn serving_certificate(config: &Config) -> Result<Arc<dyn ResolvesServerCert>, TlsError> {
     Ok(match &config.serving_cert {
         ServingCert::Files { cert, key } => Arc::new(FileCert::load(cert.clone(), key.clone())?),
         ServingCert::SelfSigned => {

@@ -1,23 +1,23 @@
 //! A leaf's two API clients, and when they are built. Both come from the leaf's kubeconfig,
 //! so both carry its TLS settings and credentials, and neither is a `kube::Client` (see
-//! `ops::calls`): one for ordinary API calls (`ops::api_client`), and one for relayed streams,
+//! `kube_client::calls`): one for ordinary API calls (`kube_client::stack`), and one for relayed streams,
 //! with no read or write timeout (an interactive shell may be quiet for hours; relaylet
 //! enforces its own idle timeout) and no retries (a retried exec would run a command twice).
 
 use std::sync::Mutex;
 
+use crate::kube_client::Calls;
 use crate::leaf::dialer::LeafDialer;
 use crate::leaf::warm_connector::{Sources, WarmConnector};
-use crate::ops::calls::Calls;
-use crate::ops::metrics::Metrics;
+use crate::ops::Metrics;
 
 /// How much of each answer leaf `leaf`'s API client reads: an answer past its limit fails its
 /// call, is counted and logged (once per answer; the leaf's watches and probes retry with
 /// backoff, so this is never a flood).
-fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLimits {
+fn read_limits(leaf: &str, metrics: &Metrics) -> crate::kube_client::ReadLimits {
     let leaf = leaf.to_string();
     let metrics = metrics.clone();
-    crate::ops::read_limits::ReadLimits::new(move |limit| {
+    crate::kube_client::ReadLimits::new(move |limit| {
         metrics.leaf_limit_exceeded(&leaf, limit.label());
         tracing::warn!(
             leaf = %leaf,
@@ -31,7 +31,7 @@ fn read_limits(leaf: &str, metrics: &Metrics) -> crate::ops::read_limits::ReadLi
 /// What a leaf's API clients are built from, and the clients once built. Every replica
 /// registers every leaf of the fleet (so it can take the leaf's Node over at once) but uses the
 /// clients only of the leaves whose Nodes it serves, and of sessions that reach it while a Node
-/// moves; built, the two hold about 12 KiB (`tests/leaf_memory.rs`), so they are built the first
+/// moves; built, the two hold about 12 KiB (`tests/it/leaf_memory.rs`), so they are built the first
 /// time they are used. Whether they can be built was checked when the leaf was registered.
 pub(super) struct LeafClients {
     leaf: String,
@@ -88,10 +88,10 @@ impl LeafClients {
         self.stream.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
-    /// A leaf's API client: without a `kube::Client` around it (see `ops::calls`).
+    /// A leaf's API client: without a `kube::Client` around it (see `kube_client::calls`).
     pub(super) fn build_api(&self) -> Result<Calls, kube::Error> {
-        use crate::ops::api_client::{LEAF_CONNECTIONS, budget, calls};
-        calls(
+        use crate::kube_client::{LEAF_CONNECTIONS, api_calls, budget};
+        api_calls(
             &self.config,
             self.dialer.clone(),
             Some(read_limits(&self.leaf, &self.metrics)),
@@ -104,7 +104,7 @@ impl LeafClients {
     /// timeouts or retries. Its connector keeps a spare connection dialed for the next session
     /// (see [`WarmConnector`]).
     fn build_stream(&self) -> Result<Calls, kube::Error> {
-        use crate::ops::api_client::{Alpn, https_connector};
+        use crate::kube_client::{Alpn, https_connector};
         let mut config = self.config.clone();
         config.read_timeout = None;
         config.write_timeout = None;
@@ -121,7 +121,7 @@ impl LeafClients {
                 .build::<_, kube::client::Body>(https);
         // `default_retry` is off: the stack adds no retries. Stream bodies (logs) are relayed as
         // they come, never collected, so they are not limited here.
-        crate::ops::api_client::over(&config, hyper, None)
+        crate::kube_client::calls_over(&config, hyper, None)
     }
 
     /// `built`, or, should building fail after all (it did not at registration), calls that

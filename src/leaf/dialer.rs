@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tower::{Service, ServiceExt};
 
 use crate::leaf::proxy::{DialError, LeafProxy, ProxyStream, Scheme, target_of};
-use crate::ops::read_ahead::ReadAhead;
+use crate::ops::ReadAhead;
 
 /// Dials one leaf's apiserver, through its proxy if it has one.
 #[derive(Clone)]
@@ -60,7 +60,7 @@ impl LeafDialer {
             let tcp = self.tcp.oneshot(uri).await.map_err(|e| DialError::Direct {
                 leaf,
                 target,
-                message: crate::leaf::proxy::chain(&e),
+                message: crate::leaf::error_chain(&e),
             })?;
             return Ok(LeafTcp::new(Transport::Tcp(tcp.into_inner())));
         };
@@ -72,7 +72,7 @@ impl LeafDialer {
             let tcp = socks.oneshot(uri).await.map_err(|e| DialError::Socks {
                 proxy: proxy.url.to_string(),
                 leaf: leaf.clone(),
-                message: crate::leaf::proxy::chain(&e),
+                message: crate::leaf::error_chain(&e),
             })?;
             return Ok(LeafTcp::new(Transport::Tcp(tcp.into_inner())));
         }
@@ -83,7 +83,7 @@ impl LeafDialer {
             .map_err(|e| DialError::ProxyUnreachable {
                 proxy: proxy.url.to_string(),
                 leaf: leaf.clone(),
-                message: crate::leaf::proxy::chain(&e),
+                message: crate::leaf::error_chain(&e),
             })?
             .into_inner();
         let transport = match proxy.secure(tcp, &leaf).await? {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::leaf::refusal::Refusal;
+use crate::leaf::refusal::SecretRefusal;
 
 /// The names one Secret asks for.
 #[derive(Debug, Clone)]
@@ -36,7 +36,7 @@ const STATIC_HOLDER: &str = "the LEAF_KUBECONFIG leaf";
 pub fn resolve(
     reserved: Option<&Reserved>,
     mut claims: Vec<Claim>,
-) -> BTreeMap<String, Result<(), Refusal>> {
+) -> BTreeMap<String, Result<(), SecretRefusal>> {
     // Secrets without a creationTimestamp (never from a real apiserver) come last.
     claims.sort_by(|a, b| {
         (a.created.is_none(), a.created, &a.secret).cmp(&(
@@ -55,7 +55,7 @@ pub fn resolve(
     for claim in claims {
         let holder = |by: &String| format!("leaf Secret {by:?}");
         let verdict = if let Some(by) = nodes.get(&claim.node) {
-            Err(Refusal::NodeNameTaken {
+            Err(SecretRefusal::NodeNameTaken {
                 node: claim.node.clone(),
                 holder: if by == STATIC_HOLDER {
                     by.clone()
@@ -64,7 +64,7 @@ pub fn resolve(
                 },
             })
         } else if let Some(by) = leaves.get(&claim.leaf) {
-            Err(Refusal::LeafNameTaken {
+            Err(SecretRefusal::LeafNameTaken {
                 leaf: claim.leaf.clone(),
                 holder: if by == STATIC_HOLDER {
                     by.clone()
@@ -107,7 +107,7 @@ mod tests {
             assert_eq!(verdicts["b-older"], Ok(()));
             assert_eq!(
                 verdicts["a-younger"],
-                Err(Refusal::NodeNameTaken {
+                Err(SecretRefusal::NodeNameTaken {
                     node: "shared".into(),
                     holder: "leaf Secret \"b-older\"".into()
                 })
@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(verdicts["first"], Ok(()));
         assert!(matches!(
             &verdicts["second"],
-            Err(Refusal::LeafNameTaken { leaf, .. }) if leaf == "same"
+            Err(SecretRefusal::LeafNameTaken { leaf, .. }) if leaf == "same"
         ));
     }
 
@@ -175,14 +175,14 @@ mod tests {
         );
         assert_eq!(
             verdicts["old"],
-            Err(Refusal::NodeNameTaken {
+            Err(SecretRefusal::NodeNameTaken {
                 node: "relaylet-admin".into(),
                 holder: "the LEAF_KUBECONFIG leaf".into()
             })
         );
         assert!(matches!(
             verdicts["older"],
-            Err(Refusal::LeafNameTaken { .. })
+            Err(SecretRefusal::LeafNameTaken { .. })
         ));
     }
 }

@@ -31,8 +31,8 @@ use rustls::RootCertStore;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::kube_client::OverLimit;
 use crate::model::quote::quote;
-use crate::ops::read_limits::OverLimit;
 
 /// Leaf Secret key: the PEM CA bundle that verifies an `https://` proxy's certificate.
 pub const PROXY_CA_KEY: &str = "proxy-ca.crt";
@@ -264,11 +264,11 @@ impl LeafProxy {
 fn tls_connector(tls: &ProxyTls) -> Result<tokio_rustls::TlsConnector, ProxySetupError> {
     let ca = tls.ca.as_deref().ok_or(ProxySetupError::NoCa)?;
     let roots: RootCertStore =
-        crate::certs::tls::roots_from_pem(ca).map_err(|message| ProxySetupError::Pem {
+        crate::certs::roots_from_pem(ca).map_err(|message| ProxySetupError::Pem {
             key: PROXY_CA_KEY,
             message,
         })?;
-    let builder = rustls::ClientConfig::builder_with_provider(crate::certs::crypto::provider())
+    let builder = rustls::ClientConfig::builder_with_provider(crate::certs::crypto_provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| ProxySetupError::Pem {
             key: PROXY_CA_KEY,
@@ -370,7 +370,7 @@ impl DialError {
 /// cause out, fit to quote: what the leaf said appears once and short (`model::quote`). A
 /// leaf's error answer is its code, reason and message (kube's own rendering of it repeats the
 /// message, escaped the second time); an answer past relaylet's read limit says which limit.
-pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     if let Some(dial) = DialError::find(err) {
         return quote(&dial.to_string());
     }
@@ -589,7 +589,7 @@ mod tests {
         let err = kube::Error::Api(Box::new(status));
         // kube's own message carries the page twice.
         assert!(err.to_string().len() > 2 * page.len());
-        let text = chain(&err);
+        let text = error_chain(&err);
         assert!(
             text.starts_with("the leaf answered 500: readyz check failed [-]etcd failed"),
             "{text}"
@@ -600,14 +600,14 @@ mod tests {
 
         let status = kube::core::Status::failure("pods is forbidden", "Forbidden").with_code(403);
         assert_eq!(
-            chain(&kube::Error::Api(Box::new(status))),
+            error_chain(&kube::Error::Api(Box::new(status))),
             "the leaf answered 403 Forbidden: pods is forbidden"
         );
-        let over = crate::ops::read_limits::OverLimit {
-            limit: crate::ops::read_limits::Limit::ErrorBody,
+        let over = crate::kube_client::OverLimit {
+            limit: crate::kube_client::Limit::ErrorBody,
         };
         assert_eq!(
-            chain(&kube::Error::Service(Box::new(over))),
+            error_chain(&kube::Error::Service(Box::new(over))),
             "the leaf sent an error answer longer than 64 KiB, relaylet's limit; it was not read further"
         );
     }

@@ -10,7 +10,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 use crate::leaf::kubeconfig;
-use crate::ops::metrics::Metrics;
+use crate::ops::Metrics;
 
 /// The Event reason of every refusal.
 pub const EVENT_REASON: &str = "LeafSecretRefused";
@@ -21,7 +21,7 @@ const NOTE_LIMIT: usize = 1024;
 
 /// Why a leaf Secret does not register a leaf.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum SecretRefusal {
     /// A malformed label, annotation or `kubeconfig` key.
     #[error("{0}")]
     Invalid(String),
@@ -57,20 +57,20 @@ pub enum Refusal {
     NodeCheckFailed { node: String, message: String },
 }
 
-impl Refusal {
+impl SecretRefusal {
     /// The metric label: a short fixed word per kind of refusal.
     pub fn reason(&self) -> &'static str {
         match self {
-            Refusal::Invalid(_) => "invalid_secret",
-            Refusal::Kubeconfig(refused) => refused.field.reason(),
-            Refusal::Plaintext(_) => "plaintext_credentials",
-            Refusal::Unusable(_) => "kubeconfig_unusable",
-            Refusal::Proxy(_) => "proxy",
-            Refusal::NodeNameInvalid(_) => "node_name_invalid",
-            Refusal::NodeNameTaken { .. } => "node_name_taken",
-            Refusal::LeafNameTaken { .. } => "leaf_name_taken",
-            Refusal::NodeNotOurs { .. } => "node_not_owned",
-            Refusal::NodeCheckFailed { .. } => "node_check_failed",
+            SecretRefusal::Invalid(_) => "invalid_secret",
+            SecretRefusal::Kubeconfig(refused) => refused.field.reason(),
+            SecretRefusal::Plaintext(_) => "plaintext_credentials",
+            SecretRefusal::Unusable(_) => "kubeconfig_unusable",
+            SecretRefusal::Proxy(_) => "proxy",
+            SecretRefusal::NodeNameInvalid(_) => "node_name_invalid",
+            SecretRefusal::NodeNameTaken { .. } => "node_name_taken",
+            SecretRefusal::LeafNameTaken { .. } => "leaf_name_taken",
+            SecretRefusal::NodeNotOurs { .. } => "node_not_owned",
+            SecretRefusal::NodeCheckFailed { .. } => "node_check_failed",
         }
     }
 
@@ -78,7 +78,7 @@ impl Refusal {
     pub fn lost_names(&self) -> bool {
         matches!(
             self,
-            Refusal::NodeNameTaken { .. } | Refusal::LeafNameTaken { .. }
+            SecretRefusal::NodeNameTaken { .. } | SecretRefusal::LeafNameTaken { .. }
         )
     }
 }
@@ -95,7 +95,7 @@ pub struct Reporter {
 impl Reporter {
     /// Logs, counts and records on the Secret that `secret` (leaf `leaf`, when it names one)
     /// was refused. The Event is best effort: a failure to write it is logged, never retried.
-    pub async fn refused(&self, secret: &Secret, leaf: Option<&str>, refusal: &Refusal) {
+    pub async fn refused(&self, secret: &Secret, leaf: Option<&str>, refusal: &SecretRefusal) {
         let name = secret.metadata.name.as_deref().unwrap_or_default();
         let namespace = secret.metadata.namespace.as_deref().unwrap_or_default();
         self.metrics.leaf_secret_refusal(refusal.reason());
@@ -173,13 +173,13 @@ mod tests {
 
     #[test]
     fn reasons_are_fixed_words() {
-        let taken = Refusal::NodeNameTaken {
+        let taken = SecretRefusal::NodeNameTaken {
             node: "n".into(),
             holder: "leaf Secret a".into(),
         };
         assert_eq!(taken.reason(), "node_name_taken");
         assert!(taken.lost_names());
-        let foreign = Refusal::NodeNotOurs {
+        let foreign = SecretRefusal::NodeNotOurs {
             node: "n".into(),
             owner: "something other than relaylet".into(),
         };

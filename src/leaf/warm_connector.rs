@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use crate::ops::metrics::Metrics;
+use crate::ops::Metrics;
 
 /// How long a spare is kept before it is replaced by a fresh one.
 pub const MAX_AGE: Duration = Duration::from_secs(20);

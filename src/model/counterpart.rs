@@ -57,7 +57,7 @@ impl LeafPodMatch {
         match (mode.unwrap_or("root-uid"), marker) {
             ("root-uid", None) => Ok(LeafPodMatch::default()),
             ("root-uid", Some(key)) => {
-                check_key(key)?;
+                super::names::check_label_key(key)?;
                 Ok(LeafPodMatch::RootUid {
                     key: key.to_string(),
                 })
@@ -70,7 +70,7 @@ impl LeafPodMatch {
                 let (key, value) = pair
                     .split_once('=')
                     .ok_or_else(|| format!("{pair:?} is not key=value"))?;
-                check_key(key)?;
+                super::names::check_label_key(key)?;
                 Ok(LeafPodMatch::Label {
                     key: key.to_string(),
                     value: value.to_string(),
@@ -121,21 +121,6 @@ impl fmt::Display for LeafPodMatch {
     }
 }
 
-fn check_key(key: &str) -> Result<(), String> {
-    let name = key.rsplit('/').next().unwrap_or(key);
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && key.len() <= 316
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{key:?} is not a label or annotation key"))
-    }
-}
-
 /// Root namespace → leaf namespace, set by the administrator. Empty means "the same namespace".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NamespaceMap(BTreeMap<String, String>);
@@ -152,7 +137,7 @@ impl NamespaceMap {
                 .map(|(r, l)| (r.trim(), l.trim()))
                 .ok_or_else(|| format!("{pair:?} is not root-namespace=leaf-namespace"))?;
             for ns in [root, leaf] {
-                crate::model::dns::check_dns_label(ns).map_err(|m| format!("{ns:?}: {m}"))?;
+                crate::model::names::check_dns_label(ns).map_err(|m| format!("{ns:?}: {m}"))?;
             }
             if map.insert(root.to_string(), leaf.to_string()).is_some() {
                 return Err(format!("root namespace {root:?} is mapped twice"));

@@ -7,12 +7,12 @@
 //! - `counterpart`: which leaf pod stands for a root pod (the namespace map, the markers).
 //! - `slim_pod`: a pod as relaylet's watches decode it, only the fields relaylet uses.
 //! - `node_ownership`, `node_overrides`: whose a Node is; what a leaf Secret may add to it.
-//! - `dns`, `quantity`: Kubernetes' name rules; exact resource-quantity arithmetic.
+//! - `names`, `quantity`: Kubernetes' name and label rules; exact resource-quantity arithmetic.
 //! - `quote`: text from a leaf made short and single-line before relaylet writes it anywhere.
 
 pub mod counterpart;
-pub mod dns;
 pub mod kubelet_request;
+pub mod names;
 pub mod node_overrides;
 pub mod node_ownership;
 pub mod quantity;

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Taint;
 
+use super::names::{check_label_key, check_label_value};
+
 /// Extra labels and taints a leaf Secret's annotations ask for.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
@@ -58,6 +60,10 @@ pub fn parse_taints(spec: &str) -> Result<Vec<Taint>, String> {
             if key.is_empty() {
                 return Err(format!("taint {t:?} has an empty key"));
             }
+            check_label_key(key).map_err(|e| format!("taint key {key:?}: {e}"))?;
+            if let Some(value) = &value {
+                check_label_value(value).map_err(|e| format!("taint value {value:?}: {e}"))?;
+            }
             Ok(Taint {
                 key: key.to_string(),
                 value,
@@ -77,9 +83,8 @@ pub fn parse_labels(spec: &str) -> Result<BTreeMap<String, String>, String> {
             let (k, v) = l
                 .split_once('=')
                 .ok_or_else(|| format!("label {l:?} is not key=value"))?;
-            if k.is_empty() {
-                return Err(format!("label {l:?} has an empty key"));
-            }
+            check_label_key(k).map_err(|e| format!("label key {k:?}: {e}"))?;
+            check_label_value(v).map_err(|e| format!("label value {v:?}: {e}"))?;
             Ok((k.to_string(), v.to_string()))
         })
         .collect()
@@ -109,5 +114,13 @@ mod tests {
         assert_eq!(l["zone"], "a");
         assert!(!l.contains_key("kubernetes.io/hostname"));
         assert!(parse_labels("novalue").is_err());
+        // Keys and values as the apiserver checks them, so a bad one refuses the Secret
+        // instead of every write of its Node.
+        assert!(parse_labels("bad key=a").is_err());
+        assert!(parse_labels("zone=-a").is_err());
+        assert!(parse_labels("example.com/zone=a").is_ok());
+        assert!(parse_labels(&format!("zone={}", "a".repeat(64))).is_err());
+        assert!(parse_taints("bad key=gpu:NoSchedule").is_err());
+        assert!(parse_taints("dedicated=gpu!:NoSchedule").is_err());
     }
 }

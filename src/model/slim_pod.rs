@@ -2,7 +2,7 @@
 //! resourceVersion, node, phase, resource requests). Everything else in each object's JSON
 //! (annotations, labels, managedFields, env, volumes, most of the status) is skipped while it
 //! is parsed and never allocated. So a pod with a 64 KiB annotation costs, even for the moment
-//! its event is read, what a small pod costs (`tests/slim_decode.rs`).
+//! its event is read, what a small pod costs (`tests/it/slim_decode.rs`).
 //!
 //! It is a [`kube::Resource`] of its own (same group, version and plural as `Pod`), so kube's
 //! watcher and `Api` decode straight into it.

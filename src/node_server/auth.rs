@@ -37,9 +37,9 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use rustls::pki_types::CertificateDer;
 
+use crate::caps::TokenBucket;
 use crate::config::AuthMode;
 use crate::model::kubelet_request::Kind;
-use crate::ops::token_bucket::TokenBucket;
 
 /// The group every authenticated user belongs to.
 const AUTHENTICATED_GROUP: &str = "system:authenticated";

@@ -1,5 +1,5 @@
 //! One listener of the kubelet API: each connection's TLS handshake, its place under the
-//! connection caps (a client certificate's caller proven or not, see `ops::limits`), and the
+//! connection caps (a client certificate's caller proven or not, see `caps::gate`), and the
 //! limits on its request heads, before the routes see a request.
 
 use std::net::SocketAddr;
@@ -17,12 +17,12 @@ use tower::ServiceExt;
 
 use super::filters::PeerCert;
 use super::server::{NodeServer, ThisNode};
+use crate::caps::{CertCaller, Standing};
 use crate::model::kubelet_request::Kind;
 use crate::model::status;
 use crate::node_server::auth::{Access, Caller, caller_from_cert};
-use crate::ops::limits::{CertCaller, Standing};
+use crate::ops::ReadAhead;
 use crate::ops::listener;
-use crate::ops::read_ahead::ReadAhead;
 
 /// How long a client has to complete the TLS handshake, and then to send its request headers.
 /// Slow clients (slowloris) are cut after this.
@@ -33,7 +33,7 @@ const MAX_HEAD_BYTES: usize = 128 * 1024;
 const MAX_HEADERS: usize = 100;
 /// Most bytes all header lines together may have.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
-/// The request head limit of every connection but a proven caller's few (see `ops::limits`):
+/// The request head limit of every connection but a proven caller's few (see `caps::gate`):
 /// small, so that what any caller's connections hold is bounded by the connection caps times
 /// it. A long token and an exec's command line fit; hyper needs at least 8 KiB.
 pub const SMALL_HEAD_BYTES: usize = 16 * 1024;
@@ -207,7 +207,7 @@ struct Conn {
 }
 
 async fn serve_connection(
-    tls: crate::relay::splice::CallerStream,
+    tls: crate::relay::CallerStream,
     conn: Conn,
     app: Router,
     closing: Router,
@@ -247,10 +247,10 @@ async fn serve_connection(
         .max_buf_size(head)
         .max_headers(MAX_HEADERS);
     let conn = builder
-        .serve_connection(crate::relay::splice::ServedIo::new(tls), service)
+        .serve_connection(crate::relay::ServedIo::new(tls), service)
         .with_upgrades();
     // Not hyper's `graceful_shutdown` when `stop` fires: it ended connections whose upgrade
-    // was still in flight (tests/shutdown.rs saw kubectl's just-opened exec fail as a refused
+    // was still in flight (tests/it/shutdown.rs saw kubectl's just-opened exec fail as a refused
     // upgrade about one run in two). The refusal above keeps new requests out; a request in
     // progress, upgrade included, ends as it would have. Idle connections close when the
     // root apiserver drops them or the process ends.

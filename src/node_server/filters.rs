@@ -11,13 +11,13 @@ use axum::response::{IntoResponse, Response};
 use rustls::pki_types::CertificateDer;
 
 use super::server::NodeServer;
+use crate::caps::Standing;
 use crate::config::AuthMode;
 use crate::model::status::{self, Refusal};
 use crate::node_server::auth::{Access, AuthError, Caller};
-use crate::ops::limits::Standing;
 
 tokio::task_local! {
-    /// The standing of the connection the request being handled came on (`ops::limits`), for
+    /// The standing of the connection the request being handled came on (`caps::gate`), for
     /// [`NodeServer::authorize`]: set by [`authenticate`] around every route, so that whichever
     /// route authorizes a request proves its connection, without each route passing it along.
     static STANDING: Standing;

@@ -8,7 +8,7 @@
 //! should name it. The listener serves the full kubelet API (exec and logs work on it too),
 //! with node-level paths answered for its node.
 //!
-//! It is also a boundary: a node's port serves only that node's pods (`node_server::calls`), and
+//! It is also a boundary: a node's port serves only that node's pods (`node_server::pod_calls`), and
 //! a Node always names its own port, never the shared one, because the root apiserver's node
 //! proxy calls the port a Node names with its own, all-powerful identity on behalf of a user who
 //! was authorized for that node alone.

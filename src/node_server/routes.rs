@@ -9,7 +9,7 @@ use axum::response::Response;
 use http::StatusCode;
 
 use super::server::NodeServer;
-use super::{calls, filters, node_paths};
+use super::{filters, node_paths, pod_calls};
 use crate::model::status;
 
 impl NodeServer {
@@ -24,7 +24,7 @@ impl NodeServer {
             )
             .route("/stats/summary", axum::routing::get(node_paths::summary))
             .route("/pods", axum::routing::get(node_paths::pods))
-            .fallback(calls::call)
+            .fallback(pod_calls::call)
             .method_not_allowed_fallback(method_not_allowed)
             // Layers run outside in: logs refusals in the kubelet's text, then authentication.
             .layer(axum::middleware::from_fn_with_state(

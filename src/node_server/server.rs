@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
+use crate::caps::Gate;
 use crate::leaf::Registry;
 use crate::model::counterpart::LeafPodMatch;
 use crate::node_server::auth::Authenticator;
 use crate::node_server::resource_metrics::NodeStats;
-use crate::ops::limits::Gate;
-use crate::ops::metrics::Metrics;
+use crate::ops::Metrics;
 use crate::relay::Relay;
-use crate::routing::pod_index::PodIndex;
+use crate::routing::PodIndex;
 
 /// Everything a request handler needs.
 pub struct NodeServer {

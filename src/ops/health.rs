@@ -33,8 +33,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tower::ServiceExt;
 
+use crate::caps::Gate;
 use crate::config::Limits;
-use crate::ops::limits::Gate;
 use crate::ops::metrics::Metrics;
 
 /// Open connections the metrics port serves at once, in total and from one address.
@@ -166,7 +166,7 @@ async fn reachable(client: &Client) -> bool {
 }
 
 /// Serves the operations port on `listener` until `stop` fires.
-pub async fn serve(listener: TcpListener, health: Arc<Health>, stop: CancellationToken) {
+pub async fn serve_health(listener: TcpListener, health: Arc<Health>, stop: CancellationToken) {
     let app = Router::new()
         .route("/metrics", axum::routing::get(metrics))
         .route("/livez", axum::routing::get(|| async { "ok" }))
@@ -217,7 +217,7 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, stop: Cancellatio
 }
 
 /// Binds `addr` for [`serve`].
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub async fn bind_health(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 

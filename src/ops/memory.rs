@@ -3,8 +3,8 @@
 //!
 //! glibc's allocator keeps freed memory inside its arenas and returns only what sits at the top
 //! of a heap, so memory that thousands of concurrent sessions used stays resident after they
-//! close (`relaylet-dev bench`: ~185 MB still resident after 9,500 idle sessions closed, reused by
-//! the next sessions but never returned). `malloc_trim` releases the free pages of every arena.
+//! close (reused by the next sessions, never returned). `malloc_trim` releases the free pages
+//! of every arena.
 //!
 //! It walks every arena under its lock, so it runs only when there is something worth
 //! returning: after the number of open sessions has fallen to half of a peak of at least
@@ -12,8 +12,8 @@
 //! Steady churn of a few sessions at a time never triggers it. Watches call [`decoded`] for each
 //! object they read: every [`DECODED_BURST`] objects (pods are decoded as `SlimPod`s, but each
 //! event's line and list page are read whole first) schedule one trim the same way, so a leaf
-//! that lists or deletes thousands of pods leaves relaylet where it was (`relaylet-dev bench
-//! --only fleet`). Other C libraries (musl) return memory eagerly; there this does nothing.
+//! that lists or deletes thousands of pods leaves relaylet where it was. Other C libraries
+//! (musl) return memory eagerly; there this does nothing.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;

@@ -4,8 +4,10 @@
 //! `relaylet::session`, see `relay::session`). Nothing relaylet logs carries a secret: tokens,
 //! Authorization headers and kubeconfig contents are never put in a field.
 
+use tracing::Dispatch;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::LogFormat;
 
@@ -13,18 +15,21 @@ use crate::config::LogFormat;
 pub fn init(format: LogFormat) {
     use std::io::IsTerminal;
     // Colour only for a person at a terminal, never into a file or a log collector.
-    init_with_writer_and_colour(format, std::io::stderr, std::io::stderr().is_terminal());
+    let colour = std::io::stderr().is_terminal();
+    // Also routes the `log` records of dependencies (rustls) into it.
+    let _ = dispatch_with_colour(format, std::io::stderr, colour).try_init();
 }
 
-/// Like [`init`], writing lines to `writer` (tests capture the log this way).
-pub fn init_with_writer<W>(format: LogFormat, writer: W)
+/// relaylet's log lines in `format`, written to `writer`, as a subscriber not installed
+/// anywhere (a test scopes it to the threads of one relaylet).
+pub fn dispatch<W>(format: LogFormat, writer: W) -> Dispatch
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    init_with_writer_and_colour(format, writer, false);
+    dispatch_with_colour(format, writer, false)
 }
 
-fn init_with_writer_and_colour<W>(format: LogFormat, writer: W, colour: bool)
+fn dispatch_with_colour<W>(format: LogFormat, writer: W, colour: bool) -> Dispatch
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -33,8 +38,8 @@ where
         .with_env_filter(filter)
         .with_ansi(colour)
         .with_writer(writer);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
+    match format {
+        LogFormat::Text => Dispatch::new(builder.finish()),
+        LogFormat::Json => Dispatch::new(builder.json().flatten_event(true).finish()),
+    }
 }

@@ -14,10 +14,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
+use crate::caps::StreamPermit;
 use crate::model::kubelet_request::Kind;
-use crate::ops::limits::StreamPermit;
-use crate::ops::metrics::{Metrics, OneLabel, ResultLabels};
-use crate::ops::shutdown::{OpenSessions, SessionGuard};
+use crate::ops::{Metrics, OneLabel, ResultLabels};
+use crate::ops::{OpenSessions, SessionGuard};
 
 /// Who asked for what; all of it goes into the log lines and labels.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@
 //!   made at shutdown the leaf first gets a moment to complete the frame it is sending; a frame
 //!   the leaf will never complete is filled up with filler bytes. Sessions that cannot be ended
 //!   this way (port-forward, unknown protocols, a cut inside a control frame or frame header)
-//!   are reset, as before.
+//!   are reset.
 //! - Closing the caller's connection cleanly means reading what it still sends until it closes
 //!   too (bounded): a socket closed with unread bytes is reset, and the reset discards whatever
 //!   the kernel had not yet delivered, the end of the output and the exit status with it.
@@ -34,7 +34,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::ops::read_ahead::ReadAhead;
+use crate::ops::ReadAhead;
 use crate::relay::frames::{Ending, Frames, Observe};
 
 /// Bytes per write while data is flowing: four TLS records' plaintext (16 KiB each), which rustls

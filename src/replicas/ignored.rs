@@ -19,8 +19,8 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 use super::identity::Ignored;
-use crate::ops::metrics::Metrics;
-use crate::ops::token_bucket::TokenBucket;
+use crate::caps::TokenBucket;
+use crate::ops::Metrics;
 
 /// The Event reason.
 pub const EVENT_REASON: &str = "LeaseIgnored";

@@ -311,7 +311,7 @@ mod tests {
     use kube::client::Body;
 
     use super::*;
-    use crate::ops::metrics::Metrics;
+    use crate::ops::Metrics;
 
     const NS: &str = "relaylet";
     const NAME: &str = "relaylet-leader";

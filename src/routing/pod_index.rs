@@ -26,11 +26,11 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
+use crate::kube_client::Calls;
+use crate::kube_client::LeanWatch;
 use crate::leaf::Registry;
 use crate::model::counterpart::NamespaceMap;
 use crate::model::slim_pod::SlimPod;
-use crate::ops::calls::Calls;
-use crate::ops::lean_watch::LeanWatch;
 
 /// Where a root pod's requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +99,7 @@ pub struct PodIndex {
     watchers: Arc<Mutex<HashMap<String, usize>>>,
     /// The shared port's recent GETs of unindexed pods.
     looked_up: Arc<Mutex<HashMap<Key, LookedUp>>>,
-    lookups: Arc<Mutex<crate::ops::token_bucket::TokenBucket>>,
+    lookups: Arc<Mutex<crate::caps::TokenBucket>>,
 }
 
 impl PodIndex {
@@ -112,9 +112,7 @@ impl PodIndex {
             listed: Arc::default(),
             watchers: Arc::default(),
             looked_up: Arc::default(),
-            lookups: Arc::new(Mutex::new(crate::ops::token_bucket::TokenBucket::full(
-                LOOKUP_BURST,
-            ))),
+            lookups: Arc::new(Mutex::new(crate::caps::TokenBucket::full(LOOKUP_BURST))),
         }
     }
 

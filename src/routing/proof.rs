@@ -56,7 +56,7 @@ pub enum CounterpartError {
     /// message leaves it out, and a dial error names the leaf's proxy.
     #[error(
         "leaf cluster {leaf} is unreachable: checking pod {leaf_namespace}/{pod} there: {cause}",
-        cause = crate::leaf::proxy::chain(&**source)
+        cause = crate::leaf::error_chain(&**source)
     )]
     Unreachable {
         pod: String,
@@ -105,7 +105,7 @@ impl CounterpartError {
 }
 
 /// The leaf namespace and name of `root` in `leaf`, before any proof.
-pub fn target(leaf: &Leaf, root: RootPod<'_>) -> Result<LeafPod, CounterpartError> {
+pub fn counterpart_target(leaf: &Leaf, root: RootPod<'_>) -> Result<LeafPod, CounterpartError> {
     let namespace = leaf
         .namespaces
         .leaf_namespace(root.namespace)
@@ -122,12 +122,12 @@ pub fn target(leaf: &Leaf, root: RootPod<'_>) -> Result<LeafPod, CounterpartErro
 
 /// Finds `root`'s leaf pod and checks, with a fresh read from the leaf apiserver, that it
 /// proves to be the counterpart under `rule`.
-pub async fn verify(
+pub async fn verify_counterpart(
     leaf: &Leaf,
     rule: &LeafPodMatch,
     root: RootPod<'_>,
 ) -> Result<LeafPod, CounterpartError> {
-    let target = target(leaf, root)?;
+    let target = counterpart_target(leaf, root)?;
     let found = leaf
         .client()
         .get_metadata_opt::<Pod>(&target.namespace, &target.name)

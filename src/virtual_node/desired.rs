@@ -141,11 +141,11 @@ pub fn capacity<'a>(
 
 /// What relaylet knows about a leaf's health right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Health {
+pub enum LeafHealth {
     /// `/readyz` answered ok and at least one node is Ready.
     Ready { ready_nodes: usize },
     /// The leaf apiserver could not be reached or is not ready (why: leaf text in it quoted
-    /// short, see `leaf::proxy::chain`).
+    /// short, see `leaf::error_chain`).
     Unreachable(String),
     /// The apiserver is fine but no node is Ready and schedulable.
     NoReadyNode,
@@ -156,24 +156,28 @@ pub enum Health {
 
 /// The Node conditions for `health`, keeping transition times of conditions that did not
 /// change so `kubectl describe node` shows honest history.
-pub fn conditions(health: &Health, now: &Time, previous: &[NodeCondition]) -> Vec<NodeCondition> {
+pub fn conditions(
+    health: &LeafHealth,
+    now: &Time,
+    previous: &[NodeCondition],
+) -> Vec<NodeCondition> {
     let (ready, reason, message) = match health {
-        Health::Ready { ready_nodes } => (
+        LeafHealth::Ready { ready_nodes } => (
             "True",
             "LeafReady",
             format!("leaf cluster is reachable and has {ready_nodes} ready node(s)"),
         ),
-        Health::Unreachable(why) => (
+        LeafHealth::Unreachable(why) => (
             "False",
             "LeafUnreachable",
             format!("leaf cluster apiserver is not reachable or not ready: {why}"),
         ),
-        Health::NoReadyNode => (
+        LeafHealth::NoReadyNode => (
             "False",
             "LeafNoReadyNode",
             "leaf cluster has no Ready, schedulable node".to_string(),
         ),
-        Health::TooLarge(why) => ("False", "LeafTooLarge", why.clone()),
+        LeafHealth::TooLarge(why) => ("False", "LeafTooLarge", why.clone()),
     };
     let mut out = vec![condition("Ready", ready, reason, &message, now, previous)];
     for (type_, reason, message) in [
@@ -657,13 +661,13 @@ mod tests {
     fn conditions_keep_transition_time_while_unchanged() {
         let t0 = Time("2026-11-21T10:00:00Z".parse().unwrap());
         let t1 = Time("2026-11-21T10:01:00Z".parse().unwrap());
-        let first = conditions(&Health::Ready { ready_nodes: 2 }, &t0, &[]);
+        let first = conditions(&LeafHealth::Ready { ready_nodes: 2 }, &t0, &[]);
         assert_eq!(first[0].status, "True");
-        let again = conditions(&Health::Ready { ready_nodes: 2 }, &t1, &first);
+        let again = conditions(&LeafHealth::Ready { ready_nodes: 2 }, &t1, &first);
         assert_eq!(again[0].last_transition_time, Some(t0.clone()));
         assert_eq!(again[0].last_heartbeat_time, Some(t1.clone()));
         let down = conditions(
-            &Health::Unreachable("connection refused".into()),
+            &LeafHealth::Unreachable("connection refused".into()),
             &t1,
             &again,
         );

@@ -27,14 +27,14 @@ use kube::api::Patch;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::desired::{self, Health};
+use super::desired::{self, LeafHealth};
 use super::leaf_watch::{self, LeafWatch};
 use super::node_lease::LEASE_RENEW;
 use super::node_watch::NodeEvent;
 use super::rounds::Rounds;
 use super::{Controller, Ownership, SyncError, patch_params, served_by};
 use crate::leaf::Leaf;
-use crate::routing::pod_index::NodePods;
+use crate::routing::NodePods;
 
 /// How many of the Node's own recent versions a loop remembers (a claim, labels, a status
 /// write: the events of one round's writes).
@@ -149,14 +149,14 @@ impl Controller {
     async fn keep_leaf(
         self: Arc<Self>,
         leaf: &Arc<Leaf>,
-        assignment: &mut tokio::sync::watch::Receiver<Arc<crate::replicas::assignment::Assignment>>,
+        assignment: &mut tokio::sync::watch::Receiver<Arc<crate::replicas::Assignment>>,
         replicas: &mut crate::replicas::Replicas,
         node_events: &super::node_watch::Subscription,
         seen: Seen,
     ) -> Option<Seen> {
         let mut leaf_side: Option<LeafSide> = None;
         let mut state = LeafLoop {
-            health: Health::Unreachable("not probed yet".to_string()),
+            health: LeafHealth::Unreachable("not probed yet".to_string()),
             probed_at: None,
             version: None,
             version_read: None,
@@ -290,13 +290,15 @@ impl Controller {
                 let watch = &side.watch;
                 state.health = Box::pin(leaf_watch::probe(&leaf.client(), watch)).await;
                 // Not ready (or no Ready node) still means the leaf apiserver answered.
-                self.health
-                    .leaf_probed(&leaf.name, !matches!(state.health, Health::Unreachable(_)));
+                self.health.leaf_probed(
+                    &leaf.name,
+                    !matches!(state.health, LeafHealth::Unreachable(_)),
+                );
                 let stale = state
                     .version_read
                     .is_none_or(|t| now.duration_since(t) >= VERSION_EVERY);
                 if state.version.is_none()
-                    || (stale && matches!(state.health, Health::Ready { .. }))
+                    || (stale && matches!(state.health, LeafHealth::Ready { .. }))
                 {
                     state.version = Box::pin(leaf_watch::version(&leaf.client()))
                         .await
@@ -408,7 +410,7 @@ impl Controller {
         tracing::debug!(leaf = %leaf.name, "no longer watching the leaf: another replica serves its node");
         leaf.release_clients();
         self.health.leaf_gone(&leaf.name);
-        state.health = Health::Unreachable("not probed yet".to_string());
+        state.health = LeafHealth::Unreachable("not probed yet".to_string());
         state.probed_at = None;
     }
 
@@ -627,7 +629,7 @@ impl Controller {
 
 /// Per-leaf loop memory.
 struct LeafLoop {
-    health: Health,
+    health: LeafHealth,
     probed_at: Option<Instant>,
     version: Option<String>,
     /// When `version` was last read from the leaf.

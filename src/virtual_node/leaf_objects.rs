@@ -2,10 +2,10 @@
 //! records a [`Kept`] makes of them, never more than a set number per leaf.
 //!
 //! A leaf is not trusted: it may hold (or claim to hold) more objects than relaylet should keep,
-//! or send an answer past relaylet's read limits (`ops::read_limits`). Either way this watch is
+//! or send an answer past relaylet's read limits (`kube_client::read_limits`). Either way this watch is
 //! dropped and what it held is freed; the watch tries again later, with a backoff of its own
 //! (30 s, doubling up to 10 min) so a leaf that stays too large costs one list now and then.
-//! Meanwhile [`State::Dropped`] says why in a few words, which the leaf's virtual Node shows
+//! Meanwhile [`WatchState::Dropped`] says why in a few words, which the leaf's virtual Node shows
 //! (`LeafTooLarge`), and the metric `relaylet_leaf_limit_exceeded_total` counts it. Nothing here
 //! touches another leaf.
 //!
@@ -22,10 +22,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::ops::calls::Calls;
-use crate::ops::lean_watch::LeanWatch;
-use crate::ops::metrics::Metrics;
-use crate::ops::read_limits::OverLimit;
+use crate::kube_client::Calls;
+use crate::kube_client::LeanWatch;
+use crate::kube_client::OverLimit;
+use crate::ops::{Backoff, Metrics};
 
 /// The first wait before a dropped watch tries again.
 const FIRST_RETRY: Duration = Duration::from_secs(30);
@@ -59,7 +59,7 @@ pub trait Kept: Default + Send + Sync + 'static {
 
 /// Where a bounded watch stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
+pub enum WatchState {
     /// Not listed yet.
     Listing,
     /// Listed, and watched since.
@@ -88,7 +88,7 @@ pub struct Bound {
 /// dropped.
 pub struct LeafObjects<K: Kept> {
     kept: Arc<RwLock<K>>,
-    state: watch::Receiver<State>,
+    state: watch::Receiver<WatchState>,
     task: JoinHandle<()>,
 }
 
@@ -96,7 +96,7 @@ impl<K: Kept> LeafObjects<K> {
     /// Starts watching every object of its kind on the cluster `client` reaches, within `bound`.
     pub fn start(client: Calls, bound: Bound) -> LeafObjects<K> {
         let kept = Arc::new(RwLock::new(K::default()));
-        let (state_tx, state) = watch::channel(State::Listing);
+        let (state_tx, state) = watch::channel(WatchState::Listing);
         let task = tokio::spawn(run(client, kept.clone(), state_tx, bound));
         LeafObjects { kept, state, task }
     }
@@ -107,12 +107,12 @@ impl<K: Kept> LeafObjects<K> {
     }
 
     /// Waits until the objects have been listed once, or the watch was dropped; the state then.
-    pub async fn settled(&self) -> State {
+    pub async fn settled(&self) -> WatchState {
         let mut state = self.state.clone();
-        match state.wait_for(|s| *s != State::Listing).await {
+        match state.wait_for(|s| *s != WatchState::Listing).await {
             Ok(s) => s.clone(),
             // The task ended, which it only does when aborted.
-            Err(_) => State::Dropped(format!("the leaf {} watch stopped", K::WHAT)),
+            Err(_) => WatchState::Dropped(format!("the leaf {} watch stopped", K::WHAT)),
         }
     }
 }
@@ -128,17 +128,18 @@ impl<K: Kept> Drop for LeafObjects<K> {
 async fn run<K: Kept>(
     client: Calls,
     kept: Arc<RwLock<K>>,
-    state: watch::Sender<State>,
+    state: watch::Sender<WatchState>,
     bound: Bound,
 ) {
-    let mut retry = FIRST_RETRY;
+    let mut backoff = Backoff::new(FIRST_RETRY, MAX_RETRY);
     loop {
         let (over, listed_at) = watch_until_over(&client, &kept, &state, bound.max).await;
         *kept.write().unwrap_or_else(|e| e.into_inner()) = K::default();
         crate::ops::memory::decoded();
         if listed_at.is_some_and(|at| at.elapsed() >= MAX_RETRY) {
-            retry = FIRST_RETRY;
+            backoff.reset();
         }
+        let retry = backoff.next_wait();
         let why = match over {
             Over::Count => {
                 bound.metrics.leaf_limit_exceeded(&bound.leaf, K::WHAT);
@@ -159,9 +160,8 @@ async fn run<K: Kept>(
             ),
         };
         tracing::warn!(leaf = %bound.leaf, what = K::WHAT, "{why}");
-        state.send_replace(State::Dropped(why));
+        state.send_replace(WatchState::Dropped(why));
         tokio::time::sleep(retry).await;
-        retry = (retry * 2).min(MAX_RETRY);
     }
 }
 
@@ -169,7 +169,7 @@ async fn run<K: Kept>(
 async fn watch_until_over<K: Kept>(
     client: &Calls,
     kept: &RwLock<K>,
-    state: &watch::Sender<State>,
+    state: &watch::Sender<WatchState>,
     max: usize,
 ) -> (Over, Option<Instant>) {
     let mut events = LeanWatch::<K::Object>::new(client.clone(), None, K::PAGE_SIZE);
@@ -196,7 +196,7 @@ async fn watch_until_over<K: Kept>(
                     kept.tidy();
                 }
                 listed_at.get_or_insert_with(Instant::now);
-                state.send_replace(State::Listed);
+                state.send_replace(WatchState::Listed);
             }
             Ok(watcher::Event::Apply(object)) => {
                 let mut kept = kept.write().unwrap_or_else(|e| e.into_inner());
@@ -215,7 +215,7 @@ async fn watch_until_over<K: Kept>(
                     return (Over::Read(over), listed_at);
                 }
                 // The leaf's text, if any, quoted short once.
-                let err = crate::leaf::proxy::chain(&err);
+                let err = crate::leaf::error_chain(&err);
                 tracing::debug!(%err, what = K::WHAT, "leaf watch error (retrying)");
             }
         }

@@ -11,10 +11,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::leaf_objects::{Bound, Kept, LeafObjects, State};
+use super::leaf_objects::{Bound, Kept, LeafObjects, WatchState};
+use crate::kube_client::Calls;
 use crate::model::quantity::Milli;
 use crate::model::slim_pod::SlimPod;
-use crate::ops::calls::Calls;
 
 /// A leaf pod's namespace and name.
 pub type PodKey = (Box<str>, Box<str>);
@@ -154,7 +154,7 @@ impl LeafPods {
     }
 
     /// Waits until the pods have been listed once, or the watch was dropped; the state then.
-    pub async fn settled(&self) -> State {
+    pub async fn settled(&self) -> WatchState {
         self.0.settled().await
     }
 

@@ -11,12 +11,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::desired::{Health, schedulable_and_ready};
-use super::leaf_objects::{Bound, Kept, LeafObjects, State};
+use super::desired::{LeafHealth, schedulable_and_ready};
+use super::leaf_objects::{Bound, Kept, LeafObjects, WatchState};
 use super::leaf_pods::LeafPods;
 use crate::config::LeafBounds;
-use crate::ops::calls::Calls;
-use crate::ops::metrics::Metrics;
+use crate::kube_client::Calls;
+use crate::ops::Metrics;
 
 /// How long a health probe of the leaf apiserver may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -123,19 +123,21 @@ fn stripped(node: Node) -> Node {
 }
 
 /// Probes the leaf apiserver's `/readyz` and counts Ready, schedulable nodes.
-pub async fn probe(client: &Calls, watch: &LeafWatch) -> Health {
+pub async fn probe(client: &Calls, watch: &LeafWatch) -> LeafHealth {
     let request = match http::Request::get("/readyz").body(Vec::new()) {
         Ok(r) => r,
-        Err(err) => return Health::Unreachable(err.to_string()),
+        Err(err) => return LeafHealth::Unreachable(err.to_string()),
     };
     match tokio::time::timeout(PROBE_TIMEOUT, client.request_text(request)).await {
         Err(_) => {
-            return Health::Unreachable(format!("/readyz did not answer within {PROBE_TIMEOUT:?}"));
+            return LeafHealth::Unreachable(format!(
+                "/readyz did not answer within {PROBE_TIMEOUT:?}"
+            ));
         }
         // hyper's own message ("client error (Connect)") leaves the cause out; `chain` quotes
         // what the leaf said, short and once.
         Ok(Err(err)) => {
-            return Health::Unreachable(format!("/readyz: {}", crate::leaf::proxy::chain(&err)));
+            return LeafHealth::Unreachable(format!("/readyz: {}", crate::leaf::error_chain(&err)));
         }
         Ok(Ok(_)) => {}
     }
@@ -145,10 +147,12 @@ pub async fn probe(client: &Calls, watch: &LeafWatch) -> Health {
     // bound says why.
     let settled = async { (watch.nodes.settled().await, watch.pods.settled().await) };
     match tokio::time::timeout(PROBE_TIMEOUT, settled).await {
-        Ok((State::Dropped(why), _) | (_, State::Dropped(why))) => return Health::TooLarge(why),
+        Ok((WatchState::Dropped(why), _) | (_, WatchState::Dropped(why))) => {
+            return LeafHealth::TooLarge(why);
+        }
         Ok(_) => {}
         Err(_) => {
-            return Health::Unreachable(format!(
+            return LeafHealth::Unreachable(format!(
                 "leaf nodes and pods were not listed within {PROBE_TIMEOUT:?}"
             ));
         }
@@ -161,9 +165,9 @@ pub async fn probe(client: &Calls, watch: &LeafWatch) -> Health {
             .count()
     });
     if ready_nodes == 0 {
-        Health::NoReadyNode
+        LeafHealth::NoReadyNode
     } else {
-        Health::Ready { ready_nodes }
+        LeafHealth::Ready { ready_nodes }
     }
 }
 

@@ -6,7 +6,7 @@
 //! more streams than its few root connections carry (16 x 80). So each replica watches the
 //! Nodes labelled `app.kubernetes.io/managed-by=relaylet` once (every install's, so a Node of
 //! another install under a leaf's node name is seen too; a Node that is not relaylet's at all
-//! is found by the loop's own read, as before) and hands each loop the events of its Node.
+//! is found by the loop's own read) and hands each loop the events of its Node.
 //!
 //! A loop's event waits in a slot of one until the loop takes it: a newer event replaces one
 //! not yet taken (the loop needs the Node as it is now, not its history), and nothing of a

@@ -2,10 +2,8 @@
 //! with every regular round on a grid shared by the whole process.
 //!
 //! Each loop's schedule starts when its leaf is registered, so a fleet's loops have phases
-//! spread over the registration; unaligned, 1,000 loops ticking every 2 s woke the runtime
-//! about 500 times a second, and an idle 1,000-leaf replica spent about 3 times the CPU of one
-//! whose loops happened to share a phase (`relaylet-dev bench --only fleet --leaves 1000`,
-//! 38 against 13 CPU ticks per 5 s). On a 100-ms grid the rounds of many loops fall on the
+//! spread over the registration; unaligned, 1,000 loops ticking every 2 s would wake the
+//! runtime about 500 times a second. On a 100-ms grid the rounds of many loops fall on the
 //! same instant and share one wake-up, while a fleet's writes stay spread over the period.
 
 use std::time::Duration;

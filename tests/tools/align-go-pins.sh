@@ -10,8 +10,8 @@
 #   tests/tools/align-go-pins.sh --check tests/realk8s/konnectivity   (exit 1 when not aligned)
 #
 # Not for metrics-server: v0.8.0 built so (k8s.io/apiserver 0.35.4 for its 0.33.2) left
-# `kubectl top pod` in a root cluster empty for 150 s in tests/real_k8s.rs and
-# tests/real_k8s_nat.rs (the leaves' top worked; cause not found); at its own pins they pass.
+# `kubectl top pod` in a root cluster empty for 150 s in tests/real/k8s.rs and
+# tests/real/k8s_nat.rs (the leaves' top worked; cause not found); at its own pins they pass.
 #
 # The replacements sit between the two marker lines at the end of the module's go.mod.
 set -euo pipefail

@@ -68,7 +68,7 @@ The container's resources: the values', with a memory limit derived from every c
 limits when none is given, so the caps are reached before the OOM killer: 64 MiB, plus in KiB
 48 per connection (each may hold a small partial request head), 16 per pending handshake, 128
 more per connection with a large head, 48 per session and 48 more per log stream (values.yaml
-says why; tests/memory_caps.rs fills every cap at once under it).
+says why; tests/it/memory_caps.rs fills every cap at once under it).
 */}}
 {{- define "relaylet.memoryLimitMiB" -}}
 {{- $l := .Values.limits -}}

@@ -1,6 +1,6 @@
 //! The container image as it ships: the repository's Dockerfile built unchanged by
 //! `tests/tools/build-image.sh` (podman, base images made from Debian 12's packages) and saved
-//! as an archive that podman (`tests/real_image.rs`) and a real node's containerd
+//! as an archive that podman (`tests/real/image.rs`) and a real node's containerd
 //! (`realk8s::real_node`) load. A machine that cannot build it fails the tests that need it
 //! with the script's error; they never pass without the image.
 

@@ -1,4 +1,4 @@
-//! The end-to-end tests' shared kit: one sandbox per test binary (root and leaf stand-ins plus
+//! The end-to-end tests' shared kit: one sandbox per test module (root and leaf stand-ins plus
 //! relaylet, as `relaylet-dev sandbox` starts them) and helpers to run real `kubectl` binaries
 //! against it; `metrics` reads relaylet's operations ports, `realk8s` starts real Kubernetes,
 //! `image` builds the container image as it ships,
@@ -40,12 +40,52 @@ pub struct Env {
     pub kubeconfig: PathBuf,
 }
 
-/// Starts the binary's sandbox with `settings` once; later calls return the same one.
+/// Starts the sandbox of the calling test module (its source file) with `settings` once; later
+/// calls from the same module return the same one. A test binary holds many modules, each with
+/// its sandbox, as each held one when every module was a binary of its own.
+#[track_caller]
 pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
-    static ENV: std::sync::OnceLock<Env> = std::sync::OnceLock::new();
-    ENV.get_or_init(|| {
+    sandbox_of(std::panic::Location::caller().file(), settings, None)
+}
+
+/// Like [`env`], with everything the sandbox's relaylet logs going to `log` (a subscriber of
+/// the module's own, so a module reads its relaylet's log lines and no other module's).
+#[track_caller]
+pub fn env_logged(settings: impl FnOnce() -> Settings, log: tracing::Dispatch) -> &'static Env {
+    sandbox_of(std::panic::Location::caller().file(), settings, Some(log))
+}
+
+/// The sandbox of module `file`: started once, on a runtime of its own, so the modules'
+/// sandboxes share no worker threads (and a module's log subscriber hears only its own).
+fn sandbox_of(
+    file: &'static str,
+    settings: impl FnOnce() -> Settings,
+    log: Option<tracing::Dispatch>,
+) -> &'static Env {
+    type Cells = std::collections::HashMap<&'static str, &'static std::sync::OnceLock<Env>>;
+    static SANDBOXES: std::sync::Mutex<Option<Cells>> = std::sync::Mutex::new(None);
+    let cell: &'static std::sync::OnceLock<Env> = SANDBOXES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(Default::default)
+        .entry(file)
+        .or_insert_with(|| Box::leak(Box::default()));
+    cell.get_or_init(|| {
         let settings = settings();
-        RT.block_on(async {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sandbox")
+            .on_thread_start(move || {
+                if let Some(log) = &log {
+                    // For the thread's whole life: the runtime outlives every test.
+                    std::mem::forget(tracing::dispatcher::set_default(log));
+                }
+            })
+            .enable_all()
+            .build()
+            .expect("sandbox runtime");
+        let runtime: &'static Runtime = Box::leak(Box::new(runtime));
+        runtime.block_on(async {
             let sandbox = Sandbox::start(settings).await.expect("sandbox starts");
             remove_at_exit(sandbox.files().to_path_buf());
             remove_at_exit(sandbox.root.data_dir());
@@ -137,6 +177,19 @@ impl Env {
             .await
     }
 
+    /// A kube client of the sandbox's root apiserver as its admin.
+    pub async fn root_client(&self) -> kube::Client {
+        crate::sandbox::kube_client(
+            &self
+                .sandbox
+                .root
+                .admin_kubeconfig()
+                .expect("admin kubeconfig"),
+        )
+        .await
+        .expect("root client")
+    }
+
     /// A kube client of relaylet's kubelet API holding the root apiserver's kubelet client
     /// certificate. No client-side retries: kube's default policy retries a 503 for minutes.
     pub async fn kubelet_api_client(&self) -> kube::Client {
@@ -158,17 +211,16 @@ impl Env {
     }
 }
 
+/// kubectl `version` (`1.27` ... `1.35`), found or installed by `tests/tools/install.sh`.
+pub fn kubectl(version: &str) -> Kubectl {
+    relaylet_sim::tools::kubectl(version)
+        .unwrap_or_else(|| panic!("kubectl {version} is not available: run tests/tools/install.sh"))
+}
+
 /// The kubectl versions the end-to-end tests use: an old SPDY-only one, a WebSocket-first one
 /// from the machine, and the pinned newest.
 pub fn kubectls() -> Vec<Kubectl> {
-    ["1.27", "1.33", "1.35"]
-        .iter()
-        .map(|v| {
-            relaylet_sim::tools::kubectl(v).unwrap_or_else(|| {
-                panic!("kubectl {v} is not available: run tests/tools/install.sh")
-            })
-        })
-        .collect()
+    ["1.27", "1.33", "1.35"].into_iter().map(kubectl).collect()
 }
 
 /// Every kubectl of [`kubectls`] with its default protocol, and the WebSocket-first ones also
@@ -323,6 +375,23 @@ pub fn wait_exit(
             None
         }
     }
+}
+
+/// Runs `check` every 100 ms until it holds, for conditions a command reads (kubectl against a
+/// real cluster); panics naming `what` after a minute.
+pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    eventually_some(what, || check().then_some(()))
+}
+
+/// Like [`eventually`], for the value `value` gives once it is there.
+pub fn eventually_some<T>(what: &str, mut value: impl FnMut() -> Option<T>) -> T {
+    for _ in 0..600 {
+        if let Some(v) = value() {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{what}: never happened");
 }
 
 /// Checks `check` until it holds, for conditions no channel reports (a metric's value, a

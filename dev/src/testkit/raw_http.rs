@@ -8,6 +8,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Only turns a hang into a failure; nothing is measured against it.
 const HANG: Duration = Duration::from_secs(60);
 
+/// The header lines a WebSocket `v4.channel.k8s.io` client (kube-rs before v5, the python
+/// client) upgrades with.
+pub const WS_V4_UPGRADE: &str = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+     Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v4.channel.k8s.io\r\n";
+
+/// The head of a GET of `path` with the extra header lines `headers` (each ending in CRLF).
+pub fn get_head(path: &str, headers: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n{headers}\r\n")
+}
+
 /// Sends a keep-alive GET of `path` on `conn`; the status line and the body (read to its
 /// Content-Length, or to the server's close).
 pub async fn get<S: AsyncRead + AsyncWrite + Unpin>(conn: &mut S, path: &str) -> (String, String) {
@@ -20,7 +30,7 @@ pub async fn get_with<S: AsyncRead + AsyncWrite + Unpin>(
     path: &str,
     headers: &str,
 ) -> (String, String) {
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: relaylet\r\n{headers}\r\n").as_bytes())
+    conn.write_all(get_head(path, headers).as_bytes())
         .await
         .expect("send the request");
     let mut got = Vec::new();

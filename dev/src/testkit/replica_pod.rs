@@ -1,5 +1,5 @@
 //! A relaylet replica's Pod in a root cluster stand-in: with leader election, relaylet counts a
-//! replica only when it is a Running pod of its install (`relaylet::replicas::live_pods`), so
+//! replica only when it is a Running pod of its install (`relaylet::replicas::LivePods`), so
 //! every replica a test or the sandbox starts gets one, as a Deployment would give it. The Pod
 //! carries the chart's selector labels (release `relaylet`); its status is written the way a
 //! kubelet writes it, through the `status` subresource.

@@ -3,7 +3,7 @@
 
 use jiff::Timestamp;
 
-/// Now, as `metav1.Time` serializes it: `2026-01-02T03:04:05Z`.
+/// Now, as `metav1.Time` serializes it: `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn now() -> String {
     format(Timestamp::now())
 }

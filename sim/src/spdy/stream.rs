@@ -8,7 +8,7 @@
 //! remote channels when the connection ends, and `Stream.Read` then returns `io.EOF`) and what
 //! client-go's executors see: the kubelet resets the error stream after writing the exit Status
 //! to it, and a connection cut under a session reads exactly like a clean end. That last case is
-//! why a cut with no Status on the error stream reads as exit code 0 to client-go (issue 16); the
+//! why a cut with no Status on the error stream reads as exit code 0 to client-go; the
 //! stand-ins must not be kinder than the real thing, or tests would miss it.
 
 use std::io;

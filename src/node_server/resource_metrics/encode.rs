@@ -6,7 +6,7 @@ use std::fmt::Write;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
-use super::{ContainerUsage, NodeUsage, PodUsage};
+use super::node_stats::{ContainerUsage, NodeUsage, PodUsage};
 
 /// The Content-Type kubelets answer `/metrics/resource` with.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -103,7 +103,7 @@ impl Default for Setup {
 pub struct Replica {
     pub ip: IpAddr,
     pub running: relaylet::Running,
-    pub shutdown: relaylet::ops::shutdown::Shutdown,
+    pub shutdown: relaylet::ops::Shutdown,
 }
 
 /// The clusters and relaylet.
@@ -451,7 +451,7 @@ impl World {
         let env = self.replica_env(i);
         let config = relaylet::config::Config::from_lookup(|name| env.get(name).cloned())
             .expect("the chart's env is a valid configuration");
-        let shutdown = relaylet::ops::shutdown::Shutdown::default();
+        let shutdown = relaylet::ops::Shutdown::default();
         let running = self.runtime.block_on(async {
             // The root client `relaylet serve` builds (HTTP/2 to the real apiserver).
             let kubeconfig = kube::config::Kubeconfig::from_yaml(self.replica_kubeconfig(i))
@@ -459,8 +459,7 @@ impl World {
             let root = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
                 .expect("root config");
-            let client =
-                relaylet::ops::api_client::root_from(&root).expect("relaylet's root client");
+            let client = relaylet::kube_client::root_from(&root).expect("relaylet's root client");
             relaylet::start(config, client, shutdown.clone())
                 .await
                 .expect("relaylet starts")
