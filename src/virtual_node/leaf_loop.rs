@@ -121,13 +121,8 @@ impl Controller {
         let mut seen = Seen::default();
         loop {
             if seen.names_me || self.assigned(&leaf.node_name) {
-                let term = self.clone().keep_leaf(
-                    &leaf,
-                    &mut assignment,
-                    &mut replicas,
-                    &node_events,
-                    seen,
-                );
+                let term =
+                    self.keep_leaf(&leaf, &mut assignment, &mut replicas, &node_events, seen);
                 match Box::pin(term).await {
                     Some(after) => seen = after,
                     None => return,
@@ -145,9 +140,11 @@ impl Controller {
 
     /// One term of a leaf's loop: until the Node is neither assigned here, nor written by this
     /// replica, nor names it. What the Node's events said at its end (`None`: the controller
-    /// is gone).
+    /// is gone). Each round: the leaf watched or not, a wait for the next round or event, the
+    /// leaf's first listing and probe, then either the Node handed back (assigned elsewhere)
+    /// or written.
     async fn keep_leaf(
-        self: Arc<Self>,
+        &self,
         leaf: &Arc<Leaf>,
         assignment: &mut tokio::sync::watch::Receiver<Arc<crate::replicas::Assignment>>,
         replicas: &mut crate::replicas::Replicas,
@@ -155,25 +152,11 @@ impl Controller {
         seen: Seen,
     ) -> Option<Seen> {
         let mut leaf_side: Option<LeafSide> = None;
-        let mut state = LeafLoop {
-            health: LeafHealth::Unreachable("not probed yet".to_string()),
-            probed_at: None,
-            version: None,
-            version_read: None,
-            written: None,
-            lease_renewed: None,
-            node_uid: None,
-            node_version: None,
-            known_versions: VecDeque::new(),
-            held: false,
-            names_me: seen.names_me,
-            node_exists: seen.node_exists,
-            refused: None,
-        };
+        let mut state = LeafLoop::new(seen);
         let mut tick = Rounds::every(RECOMPUTE, self.grid);
         // This Node's replica in the assignment as last seen: the assignment changes with
         // every leaf registered or replica seen, and only a change of this Node's replica is
-        // this loop's business (at 1,000 leaves every registration woke every loop for a round).
+        // this loop's business.
         let mut replica = assignment
             .borrow_and_update()
             .replica_of(&leaf.node_name)
@@ -219,129 +202,26 @@ impl Controller {
                     continue;
                 }
                 event = node_events.next() => {
-                    let seen = Seen::of(&event, &self.replicas.me);
-                    state.names_me = seen.names_me;
-                    state.node_exists = seen.node_exists;
-                    // Handed back by its last writer (named no one) while assigned here: take it
-                    // now, not at the next round (a replica joining, or the assignment moving).
-                    if !state.held
-                        && self.assigned(&leaf.node_name)
-                        && matches!(&event, NodeEvent::Applied(node) if served_by::served_by(node).is_empty() && self.ownership(node) == Ownership::Ours)
-                    {
-                        tick.now();
-                        continue;
-                    }
-                    if state.held && state.taken_away(&event, &self.replicas.me, self.config.leaf_node_ip) {
-                        // Another replica writes the Node now: when this one is not assigned
-                        // it (it is handing over), that is the hand-over done; when it is, the
-                        // event may be older than this replica's own claim, so the next round
-                        // reads the Node to know.
-                        if self.assigned(&leaf.node_name) {
-                            state.node_uid = None;
-                            tick.now();
-                        } else {
-                            tracing::info!(node = %leaf.node_name, "virtual node handed over");
-                            state.let_go(&self, &leaf.node_name);
-                        }
-                        continue;
-                    }
-                    // Someone deleted or altered the Node: put it back now, not at the next
-                    // heartbeat. Our own writes match what we wrote and change nothing.
-                    if state.held && self.assigned(&leaf.node_name) && state.differs_from(&event, &self) {
-                        tracing::info!(node = %leaf.node_name, "virtual node deleted or changed by someone else: restoring it");
-                        state.node_uid = None;
-                        state.written = None;
+                    if self.on_node_event(leaf, &mut state, &event) {
                         tick.now();
                     }
                     continue;
                 }
             };
             let cold = match leaf_side.as_mut() {
-                Some(side) if !side.listed => {
-                    // The first round of a Node not there yet waits a moment for the first
-                    // listing, so the Node is created with its status; a Node taken over keeps
-                    // its status anyway, so that round writes its addresses at once. Later
-                    // rounds only look.
-                    let wait = if state.probed_at.is_none()
-                        && !state.node_exists
-                        && side.started.elapsed() < FIRST_LIST_WAIT
-                    {
-                        FIRST_LIST_WAIT
-                    } else {
-                        Duration::ZERO
-                    };
-                    let (leaf, root) = Box::pin(async {
-                        tokio::join!(
-                            side.watch.settled_within(wait),
-                            side.pods.listed_within(wait)
-                        )
-                    })
-                    .await;
-                    side.listed = leaf && root;
-                    side.cold()
-                }
-                _ => false,
+                Some(side) => Box::pin(self.first_listing(side, &state)).await,
+                None => false,
             };
-            if let Some(side) = leaf_side.as_ref().filter(|_| !cold)
-                && state
-                    .probed_at
-                    .is_none_or(|t| now.duration_since(t) >= PROBE_EVERY)
-            {
-                let watch = &side.watch;
-                state.health = Box::pin(leaf_watch::probe(&leaf.client(), watch)).await;
-                // Not ready (or no Ready node) still means the leaf apiserver answered.
-                self.health.leaf_probed(
-                    &leaf.name,
-                    !matches!(state.health, LeafHealth::Unreachable(_)),
-                );
-                let stale = state
-                    .version_read
-                    .is_none_or(|t| now.duration_since(t) >= VERSION_EVERY);
-                if state.version.is_none()
-                    || (stale && matches!(state.health, LeafHealth::Ready { .. }))
-                {
-                    state.version = Box::pin(leaf_watch::version(&leaf.client()))
-                        .await
-                        .or(state.version.take());
-                    state.version_read = Some(now);
-                }
-                state.probed_at = Some(now);
+            if let Some(side) = leaf_side.as_ref().filter(|_| !cold) {
+                Box::pin(self.probe_if_due(leaf, side, &mut state, now)).await;
             }
             if !self.assigned(&leaf.node_name) {
-                // Assigned to another replica: hand the Node back (while present; a replica
-                // shutting down just stops writing, its peers take its Nodes once its presence
-                // Lease is released). A future term starts from a fresh read of the Node.
-                // The Node may name this replica without this process holding it: a replica
-                // restarted under the same name (a StatefulSet pod, a restarted container).
-                if (state.held || state.names_me) && self.replicas.present.is_leader() {
-                    match Box::pin(self.hand_back(&leaf.node_name)).await {
-                        Ok(true) => {
-                            state.names_me = false;
-                            state.let_go(&self, &leaf.node_name);
-                        }
-                        // Changed meanwhile: tried again next round.
-                        Ok(false) => {}
-                        Err(err) => {
-                            tracing::warn!(node = %leaf.node_name, %err, "handing the virtual node back")
-                        }
+                if let Some(end) = Box::pin(self.hand_back_round(leaf, &mut state)).await {
+                    if leaf_side.take().is_some() {
+                        self.stop_leaf(leaf, &mut state);
                     }
+                    return Some(end);
                 }
-                if !state.held {
-                    // A port claimed by a write that never made the Node this replica's.
-                    self.node_ports.release(&leaf.node_name);
-                    if !state.names_me {
-                        // Nothing of the Node is this replica's any more: the term ends.
-                        if leaf_side.take().is_some() {
-                            self.stop_leaf(leaf, &mut state);
-                        }
-                        return Some(Seen {
-                            names_me: false,
-                            node_exists: state.node_exists,
-                        });
-                    }
-                }
-                state.written = None;
-                state.node_uid = None;
                 continue;
             }
             let Some(side) = leaf_side.as_ref() else {
@@ -349,37 +229,165 @@ impl Controller {
                 tick.now();
                 continue;
             };
-            match Box::pin(self.sync_leaf(leaf, &side.watch, cold, &mut state, now)).await {
-                Ok(()) => state.refused = None,
-                Err(err @ SyncError::NotOurs { .. }) => {
-                    // Said loudly once, not every round; retried in case the other goes.
-                    let message = err.to_string();
-                    if state.refused.as_deref() != Some(message.as_str()) {
-                        tracing::error!(leaf = %leaf.name, node = %leaf.node_name, %err, "virtual node not ours");
-                        self.metrics.node_write_error("conflict");
-                        state.refused = Some(message);
-                    }
-                    state.node_uid = None;
+            let result = Box::pin(self.sync_leaf(leaf, &side.watch, cold, &mut state, now)).await;
+            if self.after_sync(leaf, &mut state, result) {
+                tick.now();
+            }
+        }
+    }
+
+    /// What an event of the Node means for this term; whether to act at once (not at the next
+    /// round).
+    fn on_node_event(&self, leaf: &Leaf, state: &mut LeafLoop, event: &NodeEvent) -> bool {
+        state.seen = Seen::of(event, &self.replicas.me);
+        let assigned = self.assigned(&leaf.node_name);
+        // Handed back by its last writer (named no one) while assigned here: take it now, not at
+        // the next round (a replica joining, or the assignment moving).
+        if !state.held
+            && assigned
+            && matches!(event, NodeEvent::Applied(node) if served_by::served_by(node).is_empty() && self.ownership(node) == Ownership::Ours)
+        {
+            return true;
+        }
+        if state.held && state.taken_away(event, &self.replicas.me, self.config.leaf_node_ip) {
+            // Another replica writes the Node now: when this one is not assigned it (it is
+            // handing over), that is the hand-over done; when it is, the event may be older than
+            // this replica's own claim, so the next round reads the Node to know.
+            if assigned {
+                state.node_uid = None;
+                return true;
+            }
+            tracing::info!(node = %leaf.node_name, "virtual node handed over");
+            state.let_go(self, &leaf.node_name);
+            return false;
+        }
+        // Someone deleted or altered the Node: put it back now, not at the next heartbeat. Our
+        // own writes match what we wrote and change nothing.
+        if state.held && assigned && state.differs_from(event, self) {
+            tracing::info!(node = %leaf.node_name, "virtual node deleted or changed by someone else: restoring it");
+            state.node_uid = None;
+            state.written = None;
+            return true;
+        }
+        false
+    }
+
+    /// Until the leaf's watches and the root pod watch have listed once: whether the Node keeps
+    /// its previous status (`cold`). The first round of a Node not there yet waits a moment for
+    /// the first listing, so the Node is created with its status; a Node taken over keeps its
+    /// status anyway, so that round writes its addresses at once. Later rounds only look.
+    async fn first_listing(&self, side: &mut LeafSide, state: &LeafLoop) -> bool {
+        if side.listed {
+            return false;
+        }
+        let wait = if state.probed_at.is_none()
+            && !state.seen.node_exists
+            && side.started.elapsed() < FIRST_LIST_WAIT
+        {
+            FIRST_LIST_WAIT
+        } else {
+            Duration::ZERO
+        };
+        let (leaf, root) = tokio::join!(
+            side.watch.settled_within(wait),
+            side.pods.listed_within(wait)
+        );
+        side.listed = leaf && root;
+        side.cold()
+    }
+
+    /// Probes the leaf's health when a probe is due, and reads its version when unknown or
+    /// stale.
+    async fn probe_if_due(&self, leaf: &Leaf, side: &LeafSide, state: &mut LeafLoop, now: Instant) {
+        if state
+            .probed_at
+            .is_some_and(|t| now.duration_since(t) < PROBE_EVERY)
+        {
+            return;
+        }
+        state.health = Box::pin(leaf_watch::probe(&leaf.client(), &side.watch)).await;
+        // Not ready (or no Ready node) still means the leaf apiserver answered.
+        self.health.leaf_probed(
+            &leaf.name,
+            !matches!(state.health, LeafHealth::Unreachable(_)),
+        );
+        let stale = state
+            .version_read
+            .is_none_or(|t| now.duration_since(t) >= VERSION_EVERY);
+        if state.version.is_none() || (stale && matches!(state.health, LeafHealth::Ready { .. })) {
+            state.version = Box::pin(leaf_watch::version(&leaf.client()))
+                .await
+                .or(state.version.take());
+            state.version_read = Some(now);
+        }
+        state.probed_at = Some(now);
+    }
+
+    /// A round while the Node is assigned to another replica: hands the Node back (while
+    /// present; a replica shutting down just stops writing, its peers take its Nodes once its
+    /// presence Lease is released). The Node may name this replica without this process
+    /// holding it: a replica restarted under the same name (a StatefulSet pod, a restarted
+    /// container). Ends the term (what the events said) once nothing of the Node is this
+    /// replica's any more; a future term starts from a fresh read of the Node.
+    async fn hand_back_round(&self, leaf: &Leaf, state: &mut LeafLoop) -> Option<Seen> {
+        if (state.held || state.seen.names_me) && self.replicas.present.is_leader() {
+            match Box::pin(self.hand_back(&leaf.node_name)).await {
+                Ok(true) => {
+                    state.seen.names_me = false;
+                    state.let_go(self, &leaf.node_name);
                 }
-                Err(SyncError::Changed { .. }) => {
-                    // Someone wrote the Node since this replica last did (a label, a taint,
-                    // another replica's claim): read it again now and look who holds it.
-                    tracing::debug!(node = %leaf.node_name, "virtual node changed since last written: reading it again");
-                    self.metrics.node_write_conflict();
-                    state.node_uid = None;
-                    state.node_version = None;
-                    tick.now();
-                }
-                Err(err @ SyncError::NoPort { .. }) => {
-                    // node_ports says why, once; this retries every round until it is bound.
-                    tracing::debug!(leaf = %leaf.name, %err, "virtual node not written yet");
-                }
+                // Changed meanwhile: tried again next round.
+                Ok(false) => {}
                 Err(err) => {
-                    tracing::warn!(leaf = %leaf.name, node = %leaf.node_name, %err, "updating virtual node");
-                    state.node_uid = None;
+                    tracing::warn!(node = %leaf.node_name, %err, "handing the virtual node back")
                 }
             }
         }
+        if !state.held {
+            // A port claimed by a write that never made the Node this replica's.
+            self.node_ports.release(&leaf.node_name);
+            if !state.seen.names_me {
+                return Some(state.seen);
+            }
+        }
+        state.written = None;
+        state.node_uid = None;
+        None
+    }
+
+    /// What a round's write of the Node taught; whether to act again at once.
+    fn after_sync(&self, leaf: &Leaf, state: &mut LeafLoop, result: Result<(), SyncError>) -> bool {
+        match result {
+            Ok(()) => state.refused = None,
+            Err(err @ SyncError::NotOurs { .. }) => {
+                // Said loudly once, not every round; retried in case the other goes.
+                let message = err.to_string();
+                if state.refused.as_deref() != Some(message.as_str()) {
+                    tracing::error!(leaf = %leaf.name, node = %leaf.node_name, %err, "virtual node not ours");
+                    self.metrics.node_write_error("conflict");
+                    state.refused = Some(message);
+                }
+                state.node_uid = None;
+            }
+            Err(SyncError::Changed { .. }) => {
+                // Someone wrote the Node since this replica last did (a label, a taint, another
+                // replica's claim): read it again now and look who holds it.
+                tracing::debug!(node = %leaf.node_name, "virtual node changed since last written: reading it again");
+                self.metrics.node_write_conflict();
+                state.node_uid = None;
+                state.node_version = None;
+                return true;
+            }
+            Err(err @ SyncError::NoPort { .. }) => {
+                // node_ports says why, once; this retries every round until it is bound.
+                tracing::debug!(leaf = %leaf.name, %err, "virtual node not written yet");
+            }
+            Err(err) => {
+                tracing::warn!(leaf = %leaf.name, node = %leaf.node_name, %err, "updating virtual node");
+                state.node_uid = None;
+            }
+        }
+        false
     }
 
     /// Starts watching `leaf` here (its nodes and pods).
@@ -648,10 +656,8 @@ struct LeafLoop {
     known_versions: VecDeque<String>,
     /// Whether this replica writes the Node (its `served-by` names it).
     held: bool,
-    /// Whether the Node, as last watched, names this replica (held or not).
-    names_me: bool,
-    /// Whether the Node exists, as last watched (another replica's status is then on it).
-    node_exists: bool,
+    /// What the Node's last event said (whether it exists and names this replica).
+    seen: Seen,
     /// Why the Node was last refused (it is not ours), so that is logged once.
     refused: Option<String>,
 }
@@ -685,6 +691,24 @@ impl Controller {
 }
 
 impl LeafLoop {
+    /// A term's memory at its start, knowing what the Node's events said.
+    fn new(seen: Seen) -> LeafLoop {
+        LeafLoop {
+            health: LeafHealth::Unreachable("not probed yet".to_string()),
+            probed_at: None,
+            version: None,
+            version_read: None,
+            written: None,
+            lease_renewed: None,
+            node_uid: None,
+            node_version: None,
+            known_versions: VecDeque::new(),
+            held: false,
+            seen,
+            refused: None,
+        }
+    }
+
     /// Whether `event` shows the Node written by another replica: its annotation and its first
     /// address (where the root apiserver sends new sessions) no longer this replica's.
     fn taken_away(&self, event: &NodeEvent, me: &str, my_ip: std::net::IpAddr) -> bool {
