@@ -4,10 +4,9 @@
 //! LIST on 410 Gone; a growing, jittered wait after an error) and yields the same events, but
 //! reads the stream itself: kube reads a watch through an 8 KiB line buffer that keeps
 //! whatever it grew to, and boxes the stream and its backoff beside it, about 10 KiB a watch
-//! when idle. relaylet keeps three watches for each leaf it serves (the leaf's nodes and pods,
-//! the root's pods on its Node), so at 1,000 leaves that was a fifth of a served leaf's memory.
-//! Here a watch holds no buffer between events and only the part of a line not yet complete
-//! while one arrives.
+//! when idle, and relaylet keeps three watches for each leaf it serves (the leaf's nodes and
+//! pods, the root's pods on its Node). Here a watch holds no buffer between events and only the
+//! part of a line not yet complete while one arrives.
 
 use std::collections::VecDeque;
 use std::time::Duration;

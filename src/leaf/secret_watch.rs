@@ -140,10 +140,9 @@ struct LeafSecrets {
     /// The leaf Secrets, to read one again whose data was dropped.
     api: Api<Secret>,
     /// The Secrets kept without their data: their leaf is registered, and the data (the
-    /// kubeconfig, 2 KiB or more) was needed only to build it. Every replica keeps every leaf
-    /// Secret of the fleet (at 1,000 leaves and three replicas a Secret's data cost 8 KiB per
-    /// leaf served). Deciding on one of them again (its names lost and won back) reads it
-    /// again first.
+    /// kubeconfig, 2 KiB or more) was needed only to build it, and every replica keeps every
+    /// leaf Secret of the fleet. Deciding on one of them again (its names lost and won back)
+    /// reads it again first.
     stripped: HashSet<String>,
 }
 

@@ -15,9 +15,9 @@
 //!
 //! A replica listens only for the nodes it writes: the leaf's loop claims the port before it
 //! writes the Node (`virtual_node::leaf_loop`) and releases it once another replica writes the
-//! Node or the leaf is gone. Listening for every leaf of the fleet on every replica cost a
-//! socket, a task and about 1.3 KiB per leaf on each, and made `NODE_PORTS` the most leaves an
-//! install could have; now it is the most one replica serves at once. A released port keeps
+//! Node or the leaf is gone: listening for every leaf of the fleet on every replica would cost
+//! a socket and a task per leaf on each, and `NODE_PORTS` is then the most Nodes one replica
+//! serves at once, not the most leaves an install has. A released port keeps
 //! listening for [`LINGER`], so a session the root apiserver sent just before the Node moved
 //! still lands.
 //!

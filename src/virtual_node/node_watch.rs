@@ -11,8 +11,8 @@
 //! A loop's event waits in a slot of one until the loop takes it: a newer event replaces one
 //! not yet taken (the loop needs the Node as it is now, not its history), and nothing of a
 //! Node is kept once its event is taken. Each loop reads its Node once when it starts
-//! ([`Subscription::prime`]), as its own watch's first listing used to tell it: a loop that
-//! starts after the shared watch listed would otherwise hear nothing until the Node changes.
+//! ([`Subscription::prime`]): a loop that starts after the shared watch listed would otherwise
+//! hear nothing until the Node changes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
