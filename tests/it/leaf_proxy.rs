@@ -1,6 +1,6 @@
 //! Leaves that relaylet cannot dial, reached through the proxy their kubeconfig names
 //! (`proxy-url`). Each leaf's `server` here is `<leaf>.behind-nat.invalid`, a name that resolves
-//! nowhere, and only its proxy (the test kit's, `testkit::proxy`) knows where that apiserver is:
+//! nowhere, and only its proxy (the test kit's, `sandbox::leaf_proxy`) knows where that apiserver is:
 //! so the virtual Node going Ready proves that the API client goes through the proxy, and every
 //! kubectl session proves it for the stream client. leaf-1 is behind an HTTP CONNECT proxy with
 //! Basic credentials, leaf-2 behind CONNECT over TLS that requires a client certificate (as a
@@ -19,8 +19,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
+use relaylet_dev::sandbox::leaf_proxy::{HTTP_PROXY_CREDENTIALS, LeafProxyKind};
 use relaylet_dev::sandbox::{RELAYLET_NAMESPACE, Settings};
-use support::proxy::{HTTP_PROXY_CREDENTIALS, LeafProxyKind};
 use support::{Env, RT, Run, describe, env, kubectls, text, wait_until};
 
 /// Only turns a hang into a failure; nothing is measured against it.

@@ -87,7 +87,7 @@ async fn start_relaylet(root: &Cluster) -> (relaylet::Running, Shutdown) {
         let admin = kube_client(&root.admin_kubeconfig().expect("admin kubeconfig"))
             .await
             .expect("admin client");
-        relaylet_dev::testkit::replica_pod::running(&admin, NAMESPACE, POD_NAME, "127.0.0.1")
+        relaylet_dev::sandbox::replica_pod::running(&admin, NAMESPACE, POD_NAME, "127.0.0.1")
             .await
             .expect("the replica's pod");
     }

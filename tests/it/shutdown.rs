@@ -146,7 +146,7 @@ fn sigterm_lets_open_sessions_finish_and_hands_leadership_over_at_once() {
     let second = RT.block_on(async {
         // Its Pod: with leader election a replica counts only as a Running pod of its install.
         let admin = relaylet_dev::sandbox::kube_client(&sb.root.admin_kubeconfig()?).await?;
-        relaylet_dev::testkit::replica_pod::running(
+        relaylet_dev::sandbox::replica_pod::running(
             &admin,
             RELAYLET_NAMESPACE,
             "relaylet-1",

@@ -265,7 +265,7 @@ impl Replica {
                 .await
                 .expect("admin client");
             let namespace = config.pod_namespace.as_deref().unwrap_or(NAMESPACE);
-            relaylet_dev::testkit::replica_pod::running(&admin, namespace, pod_name, ip)
+            relaylet_dev::sandbox::replica_pod::running(&admin, namespace, pod_name, ip)
                 .await
                 .expect("the replica's pod");
         }

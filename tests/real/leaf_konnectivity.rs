@@ -20,8 +20,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use relaylet_dev::sandbox::Settings;
+use relaylet_dev::sandbox::leaf_proxy::LeafProxyKind;
 use relaylet_dev::testkit::realk8s::konnectivity::{self, Konnectivity};
-use support::proxy::LeafProxyKind;
 use support::{Env, Run, describe, kubectls, text, wait_until};
 
 /// Only turns a hang into a failure; nothing is measured against it.

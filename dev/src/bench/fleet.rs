@@ -929,7 +929,7 @@ impl Replica {
         // With leader election a replica counts only as a Running pod of its install.
         let admin =
             crate::sandbox::kube_client(&std::fs::read_to_string(&fleet.kubeconfig)?).await?;
-        crate::testkit::replica_pod::running(&admin, NAMESPACE, &name, &ip.to_string()).await?;
+        crate::sandbox::replica_pod::running(&admin, NAMESPACE, &name, &ip.to_string()).await?;
         let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
         let child = Command::new(std::env::current_exe()?)
             .arg("serve")

@@ -84,7 +84,7 @@ pub struct Stack {
     pub relaylet: ChildProcess,
     pub reference: ChildProcess,
     _hold: Served,
-    _proxy: crate::testkit::proxy::TestProxy,
+    _proxy: crate::sandbox::leaf_proxy::TestProxy,
     _leaf: Cluster,
     _root: Cluster,
     _files: tempfile::TempDir,
@@ -140,8 +140,8 @@ impl Stack {
             leaf.api.url()
         );
         let hold_kubeconfig = leaf_kubeconfig.replace(&leaf.api.url(), &hold_url);
-        let behind = crate::testkit::proxy::behind_proxy(
-            &crate::testkit::proxy::LeafProxyKind::Http,
+        let behind = crate::sandbox::leaf_proxy::behind_proxy(
+            &crate::sandbox::leaf_proxy::LeafProxyKind::Http,
             "proxied",
             &leaf_kubeconfig,
             leaf.api.addr,

@@ -1,17 +1,14 @@
 //! The end-to-end tests' shared kit: one sandbox per test module (root and leaf stand-ins plus
 //! relaylet, as `relaylet-dev sandbox` starts them) and helpers to run real `kubectl` binaries
 //! against it; `metrics` reads relaylet's operations ports, `realk8s` starts real Kubernetes,
-//! `image` builds the container image as it ships,
-//! `replica_pod` gives each replica the Running Pod relaylet's leader election asks for.
+//! `image` builds the container image as it ships.
 
 pub mod forwarder;
 pub mod image;
 pub mod metrics;
 pub mod process;
-pub mod proxy;
 pub mod raw_http;
 pub mod realk8s;
-pub mod replica_pod;
 pub mod ws_exec;
 
 use std::path::{Path, PathBuf};

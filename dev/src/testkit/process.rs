@@ -42,7 +42,7 @@ impl RelayletProcess {
                         let admin =
                             crate::sandbox::kube_client(&e.sandbox.root.admin_kubeconfig()?)
                                 .await?;
-                        super::replica_pod::running(
+                        crate::sandbox::replica_pod::running(
                             &admin,
                             RELAYLET_NAMESPACE,
                             pod_name,

@@ -17,7 +17,9 @@
 //!   `metrics.k8s.io` → relaylet's `/metrics/resource` per virtual node → the root's
 //!   `metrics.k8s.io`.
 //!
-//! Tests start the same thing through [`Sandbox::start`].
+//! Tests start the same thing through [`Sandbox::start`]. Inside: `leaf_proxy` (the proxies of
+//! leaves reached only through one) and `replica_pod` (the Running Pod each replica's leader
+//! election asks for).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -31,7 +33,10 @@ use relaylet_sim::apiserver::{Policy, Rule, UserInfo};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, METRICS_SERVER_USER, SimContainer, SimPod};
 use relaylet_sim::metrics_server::MetricsServer;
 
-use crate::testkit::proxy::{LeafProxyKind, TestProxy};
+pub mod leaf_proxy;
+pub mod replica_pod;
+
+use leaf_proxy::{LeafProxyKind, TestProxy};
 
 use relaylet::Running;
 use relaylet::config::Config;
@@ -44,12 +49,12 @@ pub const RELAYLET_NAMESPACE: &str = "relaylet";
 pub const RELAYLET_ROOT_USER: &str = "system:serviceaccount:relaylet:relaylet";
 /// The chart rendered with its default values (`deploy/render.sh`; tests/it/chart.rs keeps it equal
 /// to the chart): the sandbox's root grants relaylet exactly the RBAC it holds.
-pub const ROOT_MANIFEST: &str = include_str!("../../deploy/relaylet.yaml");
+pub const ROOT_MANIFEST: &str = include_str!("../../../deploy/relaylet.yaml");
 /// relaylet's identity in each leaf cluster: the ServiceAccount `deploy/leaf-rbac.yaml` makes.
 pub const RELAYLET_LEAF_USER: &str = "system:serviceaccount:relaylet:relaylet-leaf";
 
 /// The leaf-side RBAC relaylet ships; the sandbox's leaves enforce exactly its rules.
-pub const LEAF_RBAC_MANIFEST: &str = include_str!("../../deploy/leaf-rbac.yaml");
+pub const LEAF_RBAC_MANIFEST: &str = include_str!("../../../deploy/leaf-rbac.yaml");
 
 /// The labelled Secret in `namespace` that registers leaf `name` (virtual node
 /// `relaylet-<name>`) with `kubeconfig`: exactly how a user adds a leaf.
@@ -139,7 +144,7 @@ pub struct Settings {
     /// How often the metrics-server stand-ins scrape (`--metric-resolution`); `None` runs none
     /// (tests that write `metrics.k8s.io` objects themselves).
     pub metrics_resolution: Option<Duration>,
-    /// Leaves reached only through a proxy (`testkit::proxy`): their Secret's `server` is a
+    /// Leaves reached only through a proxy (`sandbox::leaf_proxy`): their Secret's `server` is a
     /// name nothing but the proxy resolves.
     pub leaf_proxies: BTreeMap<String, LeafProxyKind>,
 }
@@ -261,7 +266,7 @@ impl Sandbox {
             // As the chart sets it: the Deployment's selector.
             (
                 "REPLICA_SELECTOR".into(),
-                crate::testkit::replica_pod::selector(),
+                crate::sandbox::replica_pod::selector(),
             ),
             // Port 0: several sandboxes (tests) may run at once; relaylet reports the bound
             // address (`Running::metrics_addr`).
@@ -280,7 +285,7 @@ impl Sandbox {
             // relaylet's own Pod, as its Deployment makes it: with leader election a replica
             // counts only as a Running pod its selector finds.
             let admin = kube_client(&root.admin_kubeconfig()?).await?;
-            crate::testkit::replica_pod::running(
+            crate::sandbox::replica_pod::running(
                 &admin,
                 RELAYLET_NAMESPACE,
                 &config.replica_name(),
@@ -691,7 +696,7 @@ async fn leaf_secret_data(
             ByteString(kubeconfig.into_bytes()),
         )]));
     };
-    let behind = crate::testkit::proxy::behind_proxy(kind, name, &kubeconfig, leaf.api.addr)
+    let behind = crate::sandbox::leaf_proxy::behind_proxy(kind, name, &kubeconfig, leaf.api.addr)
         .await
         .with_context(|| format!("putting leaf {name} behind a proxy"))?;
     let mut data = BTreeMap::from([(
