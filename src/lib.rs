@@ -16,6 +16,7 @@ pub mod leaf;
 pub mod model;
 pub mod node_server;
 pub mod ops;
+pub mod pod_sync;
 pub mod relay;
 pub mod replicas;
 pub mod routing;

@@ -110,3 +110,19 @@ pub(super) fn leaf_bounds(vars: &mut Vars<'_>) -> LeafBounds {
         max_nodes: vars.count("LEAF_MAX_NODES", defaults.max_nodes),
     }
 }
+
+/// `LEAF_POD_SYNC`: on by default. relaylet then writes its own counterpart marker on the copies
+/// it makes, so it needs `LEAF_POD_MATCH=root-uid`; `label` and `name` are for the pods of
+/// another syncer, which runs them instead.
+pub(super) fn leaf_pod_sync(vars: &mut Vars<'_>, proof: &LeafPodMatch) -> bool {
+    let on = vars.flag("LEAF_POD_SYNC", true);
+    if on && !matches!(proof, LeafPodMatch::RootUid { .. }) {
+        vars.error(
+            "LEAF_POD_SYNC",
+            &format!(
+                "relaylet runs the pods itself and marks their copies with the root pod's UID, but LEAF_POD_MATCH is {proof} (another syncer's pods): set LEAF_POD_SYNC=false, or LEAF_POD_MATCH=root-uid"
+            ),
+        );
+    }
+    on
+}

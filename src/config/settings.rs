@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::auth::{AuthMode, auth_mode, x509_allowed_users};
 use super::leaves::{
-    DEFAULT_LEAF_SECRET_LABEL, LeafBounds, StaticLeaf, leaf_bounds, leaf_pod_match, static_leaf,
+    DEFAULT_LEAF_SECRET_LABEL, LeafBounds, StaticLeaf, leaf_bounds, leaf_pod_match, leaf_pod_sync,
+    static_leaf,
 };
 use super::limits::{Limits, limits};
 use super::node::{leaf_node_ip, node_name_prefix, node_ports, preferred_address_type};
@@ -50,6 +51,9 @@ pub struct Config {
     pub replica_selector: Option<ReplicaSelector>,
     /// What proves a leaf pod is a root pod's counterpart (`LEAF_POD_MATCH`, `LEAF_POD_MARKER`).
     pub leaf_pod_match: LeafPodMatch,
+    /// Run the pods bound to the virtual nodes in their leaves (`LEAF_POD_SYNC`, default
+    /// true); off for installs where another syncer does.
+    pub leaf_pod_sync: bool,
     /// Keep one connection to each leaf in use dialed ahead of the next session
     /// (`LEAF_SPARE_CONNECTION`, default true; see `warm_connector`).
     pub leaf_spare_connection: bool,
@@ -121,6 +125,7 @@ impl Config {
         let leader_elect = vars.flag("LEADER_ELECT", true);
         let replica_selector = replica_selector(&mut vars, leader_elect);
         let leaf_pod_match = leaf_pod_match(&mut vars);
+        let leaf_pod_sync = leaf_pod_sync(&mut vars, &leaf_pod_match);
         let leaf_spare_connection = vars.flag("LEAF_SPARE_CONNECTION", true);
         let extend_websockets_to_kubelet = vars.flag("EXTEND_WEBSOCKETS_TO_KUBELET", true);
 
@@ -151,6 +156,7 @@ impl Config {
             leader_elect,
             replica_selector,
             leaf_pod_match,
+            leaf_pod_sync,
             leaf_spare_connection,
             extend_websockets_to_kubelet,
             metrics_addr,

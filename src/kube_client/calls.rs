@@ -15,9 +15,10 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
-use kube::api::ListParams;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ObjectList, PartialObjectMeta, Status};
 use kube::{Client, Resource};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceExt};
@@ -145,6 +146,81 @@ impl Calls {
         match self.request(request).await {
             Ok(meta) => Ok(Some(meta)),
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The `K` called `name` (in `namespace`, for a namespaced kind), or `None` if there is none.
+    pub async fn get_opt<K>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<K>, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let request = kube::core::Request::new(K::url_path(&(), namespace))
+            .get(name, &Default::default())
+            .map_err(kube::Error::BuildRequest)?;
+        match self.request(request).await {
+            Ok(object) => Ok(Some(object)),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Creates `object` (in `namespace`, for a namespaced kind); the object as created.
+    pub async fn create<K>(
+        &self,
+        namespace: Option<&str>,
+        object: &K,
+        params: &PostParams,
+    ) -> Result<K, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned + Serialize,
+    {
+        let data = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
+        let request = kube::core::Request::new(K::url_path(&(), namespace))
+            .create(params, data)
+            .map_err(kube::Error::BuildRequest)?;
+        self.request(request).await
+    }
+
+    /// Patches the `K` called `name` in `namespace` with `patch`; the object as patched.
+    pub async fn patch<K, P>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        params: &PatchParams,
+        patch: &Patch<P>,
+    ) -> Result<K, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned,
+        P: Serialize + std::fmt::Debug,
+    {
+        let request = kube::core::Request::new(K::url_path(&(), namespace))
+            .patch(name, params, patch)
+            .map_err(kube::Error::BuildRequest)?;
+        self.request(request).await
+    }
+
+    /// Deletes the `K` called `name` in `namespace` as `params` say (grace, preconditions);
+    /// `false` when there was none.
+    pub async fn delete<K>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        params: &DeleteParams,
+    ) -> Result<bool, kube::Error>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let request = kube::core::Request::new(K::url_path(&(), namespace))
+            .delete(name, params)
+            .map_err(kube::Error::BuildRequest)?;
+        match self.request_text(request).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(false),
             Err(err) => Err(err),
         }
     }

@@ -51,12 +51,13 @@ enum Phase<K> {
     },
 }
 
-/// A watch of every `K` (or those `fields` selects), listed `page_size` at a time.
+/// A watch of every `K` (or those `fields` and `labels` select), listed `page_size` at a time.
 pub struct LeanWatch<K> {
     calls: Calls,
     /// Where every `K` is listed and watched (`/api/v1/pods`).
     url: String,
     fields: Option<String>,
+    labels: Option<String>,
     page_size: u32,
     phase: Phase<K>,
     /// The wait before the next request, after an error.
@@ -76,6 +77,7 @@ where
             calls,
             url: K::url_path(&(), None),
             fields,
+            labels: None,
             page_size,
             phase: Phase::Empty,
             wait: None,
@@ -83,6 +85,12 @@ where
                 .jittered()
                 .reset_after(RESET_AFTER),
         }
+    }
+
+    /// Only the objects `selector` (a label selector) selects.
+    pub fn labels(mut self, selector: String) -> LeanWatch<K> {
+        self.labels = Some(selector);
+        self
     }
 
     /// The next event, or the error of the last request (the watch carries on from where it
@@ -139,6 +147,7 @@ where
                 // a page after the first goes on from its token.
                 let params = ListParams {
                     field_selector: self.fields.clone(),
+                    label_selector: self.labels.clone(),
                     limit: Some(self.page_size),
                     continue_token: next_page,
                     resource_version: Some("0".to_string()),
@@ -165,14 +174,14 @@ where
                 Ok(None)
             }
             Phase::Listed { version } => {
-                let body =
-                    match Box::pin(open(&self.calls, &self.url, &self.fields, &version)).await {
-                        Ok(body) => body,
-                        Err(err) => {
-                            self.phase = Phase::Listed { version };
-                            return Err(err);
-                        }
-                    };
+                let selectors = (&self.fields, &self.labels);
+                let body = match Box::pin(open(&self.calls, &self.url, selectors, &version)).await {
+                    Ok(body) => body,
+                    Err(err) => {
+                        self.phase = Phase::Listed { version };
+                        return Err(err);
+                    }
+                };
                 self.phase = Phase::Watching {
                     version,
                     body,
@@ -284,11 +293,12 @@ fn parse<K: DeserializeOwned>(line: &[u8]) -> Result<WatchEvent<K>, kube::Error>
 async fn open(
     calls: &Calls,
     url: &str,
-    fields: &Option<String>,
+    (fields, labels): (&Option<String>, &Option<String>),
     version: &str,
 ) -> Result<calls::Body, kube::Error> {
     let params = WatchParams {
         field_selector: fields.clone(),
+        label_selector: labels.clone(),
         ..WatchParams::default()
     };
     let mut request = kube::core::Request::new(url)

@@ -52,6 +52,9 @@ pub struct Leaf {
     /// Root namespace → leaf namespace (Secret annotation `relaylet.io/namespace-map`, or
     /// `LEAF_NAMESPACE_MAP`); the administrator's, never a pod author's.
     pub namespaces: NamespaceMap,
+    /// Whether this leaf's pod copies may have host access (Secret annotation
+    /// `relaylet.io/allow-host-access: "true"`); the administrator's, never a pod author's.
+    pub host_access: bool,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -181,6 +184,7 @@ impl Leaf {
             node_labels: BTreeMap::new(),
             node_taints: None,
             namespaces: NamespaceMap::default(),
+            host_access: false,
         })
     }
 }

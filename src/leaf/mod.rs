@@ -29,4 +29,6 @@ pub use cluster::{Leaf, LeafError, proxy_url};
 pub use proxy::{LeafProxy, ProxyTls, error_chain};
 pub use refusal::SecretRefusal;
 pub use registry::{Registry, load_static_leaf};
-pub use secret_watch::{KUBECONFIG_KEY, NODE_NAME_ANNOTATION, SecretSource, watch_secrets};
+pub use secret_watch::{
+    HOST_ACCESS_ANNOTATION, KUBECONFIG_KEY, NODE_NAME_ANNOTATION, SecretSource, watch_secrets,
+};

@@ -26,6 +26,9 @@ use crate::ops::Metrics;
 
 /// Annotation on a leaf Secret that overrides its virtual node's name.
 pub const NODE_NAME_ANNOTATION: &str = "relaylet.io/node-name";
+/// Annotation on a leaf Secret that lets its pod copies have host access (`"true"`): host
+/// namespaces, privileged containers, hostPath volumes.
+pub const HOST_ACCESS_ANNOTATION: &str = "relaylet.io/allow-host-access";
 /// The Secret key holding the kubeconfig.
 pub const KUBECONFIG_KEY: &str = "kubeconfig";
 
@@ -361,6 +364,15 @@ impl LeafSecrets {
         let annotations = secret.metadata.annotations.clone().unwrap_or_default();
         let overrides = crate::model::node_overrides::overrides(&annotations)
             .map_err(SecretRefusal::Invalid)?;
+        let host_access = match annotations.get(HOST_ACCESS_ANNOTATION).map(String::as_str) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(_) => {
+                return Err(SecretRefusal::Invalid(format!(
+                    "annotation {HOST_ACCESS_ANNOTATION}: must be \"true\" or \"false\""
+                )));
+            }
+        };
         let namespaces = match annotations.get(NAMESPACE_MAP_ANNOTATION) {
             None => NamespaceMap::default(),
             Some(text) => NamespaceMap::parse(text).map_err(|m| {
@@ -404,6 +416,7 @@ impl LeafSecrets {
         leaf.node_labels = overrides.labels;
         leaf.node_taints = overrides.taints;
         leaf.namespaces = namespaces;
+        leaf.host_access = host_access;
         Ok(leaf)
     }
 

@@ -167,6 +167,19 @@ impl NamespaceMap {
             self.0.get(root).map(String::as_str)
         }
     }
+
+    /// The root namespace whose pods run in leaf namespace `leaf` (at most one: the map is
+    /// refused otherwise).
+    pub fn root_namespace<'a>(&'a self, leaf: &'a str) -> Option<&'a str> {
+        if self.0.is_empty() {
+            Some(leaf)
+        } else {
+            self.0
+                .iter()
+                .find(|(_, l)| l.as_str() == leaf)
+                .map(|(root, _)| root.as_str())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +285,10 @@ mod tests {
             None,
             "unmapped is refused"
         );
+        // Back from the leaf, for the copies relaylet finds there.
+        assert_eq!(map.root_namespace("leaf-b"), Some("team-b"));
+        assert_eq!(map.root_namespace("team-b"), None);
+        assert_eq!(identity.root_namespace("x"), Some("x"));
         assert!(
             NamespaceMap::parse("a=x,b=x")
                 .unwrap_err()

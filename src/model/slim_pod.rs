@@ -1,5 +1,5 @@
 //! A pod as relaylet's watches read it: only the fields relaylet uses (name, namespace, UID,
-//! resourceVersion, node, phase, resource requests). Everything else in each object's JSON
+//! resourceVersion, node, phase and the reason it ended, resource requests). Everything else in each object's JSON
 //! (annotations, labels, managedFields, env, volumes, most of the status) is skipped while it
 //! is parsed and never allocated. So a pod with a 64 KiB annotation costs, even for the moment
 //! its event is read, what a small pod costs (`tests/it/slim_decode.rs`).
@@ -47,6 +47,9 @@ pub struct SlimResources {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SlimStatus {
     pub phase: Option<String>,
+    /// Why a pod ended, when it did not end by itself (`Evicted`); rare, and short.
+    pub reason: Option<String>,
+    pub message: Option<String>,
 }
 
 /// The metadata fields kept; the rest of `metadata` is skipped.

@@ -91,6 +91,14 @@ pub struct Metrics {
     /// Writes of replica Leases (presence or leader) that break the replica rules and are not
     /// counted, by `reason` (see `replicas::identity`).
     pub ignored_leases: Family<OneLabel, Counter>,
+
+    /// Pod sync: what was done for pods, by `action` (`leaf_create`, `leaf_patch`,
+    /// `leaf_delete`, `root_status`, `root_delete`, `root_fail`).
+    pub pod_sync_actions: Family<OneLabel, Counter>,
+    /// Pod sync: reconciles of a pod that failed and are retried, by `side` (`root`, `leaf`).
+    pub pod_sync_errors: Family<OneLabel, Counter>,
+    /// Pod sync: root pods bound to the virtual nodes this replica serves.
+    pub pods_synced: Gauge,
 }
 
 impl Default for Metrics {
@@ -250,8 +258,29 @@ impl Metrics {
             "Writes of replica Leases (relaylet-replica-*, relaylet-leader) seen and not counted because they break the replica rules, by reason (holder_mismatch, not_a_live_pod)",
             ignored_leases.clone(),
         );
+        let pod_sync_actions = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "pod_sync_actions",
+            "What pod sync did for pods, by action (leaf_create, leaf_patch, leaf_delete, root_status, root_delete, root_fail)",
+            pod_sync_actions.clone(),
+        );
+        let pod_sync_errors = Family::<OneLabel, Counter>::default();
+        registry.register(
+            "pod_sync_errors",
+            "Pod sync reconciles that failed and are retried with a backoff, by side (root, leaf)",
+            pod_sync_errors.clone(),
+        );
+        let pods_synced = Gauge::default();
+        registry.register(
+            "pods_synced",
+            "Root pods bound to the virtual nodes this replica serves, whose leaf copies it keeps",
+            pods_synced.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
+            pod_sync_actions,
+            pod_sync_errors,
+            pods_synced,
             leaf_limits_exceeded,
             ignored_leases,
             virtual_nodes_served,
@@ -292,6 +321,20 @@ impl Metrics {
         self.leaf_connections
             .get_or_create(&[("leaf", leaf.to_string()), ("source", source.to_string())])
             .clone()
+    }
+
+    /// Counts one pod sync `action`.
+    pub fn pod_sync_action(&self, action: &'static str) {
+        self.pod_sync_actions
+            .get_or_create(&[("action", action.to_string())])
+            .inc();
+    }
+
+    /// Counts one failed pod sync reconcile on `side`.
+    pub fn pod_sync_error(&self, side: &'static str) {
+        self.pod_sync_errors
+            .get_or_create(&[("side", side.to_string())])
+            .inc();
     }
 
     /// The counter of bytes moving in `direction` (`to_leaf` or `to_client`).

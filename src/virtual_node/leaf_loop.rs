@@ -34,6 +34,8 @@ use super::node_watch::NodeEvent;
 use super::rounds::Rounds;
 use super::{Controller, Ownership, SyncError, patch_params, served_by};
 use crate::leaf::Leaf;
+use crate::model::counterpart::LeafPodMatch;
+use crate::pod_sync::{self, LeafPodSync};
 use crate::routing::NodePods;
 
 /// How many of the Node's own recent versions a loop remembers (a claim, labels, a status
@@ -73,6 +75,8 @@ struct LeafSide {
     listed: bool,
     /// `relaylet_leaves_served`, counted while this lives.
     served: prometheus_client::metrics::gauge::Gauge,
+    /// The leaf's pods, run while this replica writes the Node (`LEAF_POD_SYNC`).
+    pods_run: Option<LeafPodSync>,
 }
 
 impl LeafSide {
@@ -173,6 +177,7 @@ impl Controller {
                 leaf_side = None;
                 self.stop_leaf(leaf, &mut state);
             }
+            self.follow_pods(leaf, leaf_side.as_mut(), state.held);
             // Renewal is judged on the tick schedule, not on when the last write finished:
             // otherwise a renewal that took a moment waits a whole extra tick (12 s, not 10 s).
             // A replica just assigned the node (or whose peers changed, so the node's holder
@@ -233,6 +238,7 @@ impl Controller {
             if self.after_sync(leaf, &mut state, result) {
                 tick.now();
             }
+            self.follow_pods(leaf, leaf_side.as_mut(), state.held);
         }
     }
 
@@ -407,6 +413,36 @@ impl Controller {
             started: Instant::now(),
             listed: false,
             served,
+            pods_run: None,
+        }
+    }
+
+    /// Runs the leaf's pods while this replica writes its Node, and only then: a replica that
+    /// is taking the Node over or handing it back runs none, so two never run one pod.
+    fn follow_pods(&self, leaf: &Arc<Leaf>, side: Option<&mut LeafSide>, held: bool) {
+        let Some(side) = side else { return };
+        let wanted = held && self.config.leaf_pod_sync;
+        if wanted && side.pods_run.is_none() {
+            let marker = match &self.config.leaf_pod_match {
+                LeafPodMatch::RootUid { key } => key.clone(),
+                // Refused with pod sync on (config): another syncer marks the copies.
+                _ => return,
+            };
+            tracing::debug!(leaf = %leaf.name, "running the leaf's pods: this replica writes its node");
+            side.pods_run = Some(LeafPodSync::start(pod_sync::Context {
+                root: self.root.clone(),
+                leaf: leaf.clone(),
+                node_taints: leaf
+                    .node_taints
+                    .clone()
+                    .unwrap_or_else(|| vec![desired::default_taint()]),
+                owner: self.owner.clone(),
+                marker,
+                host_ip: self.config.leaf_node_ip.to_string(),
+                metrics: self.metrics.clone(),
+            }));
+        } else if !wanted && side.pods_run.is_some() {
+            side.pods_run = None;
         }
     }
 

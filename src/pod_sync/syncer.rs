@@ -1,0 +1,634 @@
+//! One leaf's pods, run by the replica that serves the leaf's Node, as a kubelet runs its
+//! node's: two watches find the pods that changed (the root pods bound to the Node, this
+//! install's copies in the leaf), a queue hands each pod to one worker at a time, and the
+//! worker reads both pods, asks `decide` what to do and does it.
+//!
+//! The watches keep only the pods' names: a worker reads the two pods it works on when it
+//! works on them, so what relaylet holds per synced pod is its name twice and a few bytes of
+//! memory (restarts, the last status write, the leaf's last word), whatever the pods carry.
+//! Nothing is decided before both watches have listed once (after a start or a takeover, a
+//! half view would delete or create what it does not see), and a leaf that cannot be read
+//! decides nothing: its pods keep their status until it answers again.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::decide::{Facts, LeafAction, Plan, RootAction, decide, leaf_reason};
+use super::leaf_copy::CopyRules;
+use super::marks::Marks;
+use super::queue::Queue;
+use super::root_status::{self, Restarts};
+use crate::kube_client::{Calls, LeanWatch};
+use crate::leaf::Leaf;
+use crate::model::slim_pod::SlimPod;
+use crate::ops::{Backoff, Metrics};
+
+/// Pods worked on at once per leaf: each waits on the root's and the leaf's apiservers.
+const WORKERS: usize = 8;
+/// At most one status write per pod this often; the changes meanwhile go in the next one.
+const STATUS_EVERY: Duration = Duration::from_secs(1);
+/// Every pod is looked at again this often, whatever its watches said.
+const RESYNC: Duration = Duration::from_secs(300);
+/// Pods per LIST page of the watches.
+const PAGE: u32 = 500;
+/// A failed reconcile of a pod is tried again after this, doubling up to the most.
+const FIRST_RETRY: Duration = Duration::from_millis(200);
+const MAX_RETRY: Duration = Duration::from_secs(60);
+/// relaylet's field manager in the leaf.
+const MANAGER: &str = "relaylet";
+
+/// A root pod's namespace and name.
+type Key = (String, String);
+
+/// What one leaf's pod sync is started with.
+pub struct Context {
+    pub root: Client,
+    pub leaf: Arc<Leaf>,
+    /// The virtual Node's taints (their tolerations are dropped from the copies).
+    pub node_taints: Vec<Taint>,
+    /// This install's namespace: its mark on the copies, and the pods it does not run.
+    pub owner: String,
+    /// The counterpart marker's key (`LEAF_POD_MARKER`).
+    pub marker: String,
+    /// The virtual Node's address (the pods' `hostIP`): this replica's.
+    pub host_ip: String,
+    pub metrics: Metrics,
+}
+
+/// The pod sync of one leaf; it stops when dropped.
+pub struct LeafPodSync {
+    task: JoinHandle<()>,
+}
+
+impl Drop for LeafPodSync {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl LeafPodSync {
+    /// Starts running the pods of `context.leaf`'s virtual Node.
+    pub fn start(context: Context) -> LeafPodSync {
+        let marks = Marks {
+            owner: context.owner.clone(),
+            node: context.leaf.node_name.clone(),
+            marker: context.marker.clone(),
+        };
+        let shared = Arc::new(Shared {
+            context,
+            marks,
+            queue: Queue::default(),
+            known: Mutex::default(),
+            memory: Mutex::default(),
+            ensured: Mutex::default(),
+        });
+        LeafPodSync {
+            task: tokio::spawn(shared.run()),
+        }
+    }
+}
+
+/// What the watches and the workers of one leaf share.
+struct Shared {
+    context: Context,
+    marks: Marks,
+    queue: Queue<Key>,
+    /// Every pod either watch has shown and not yet found gone on both sides.
+    known: Mutex<HashSet<Key>>,
+    /// What relaylet remembers of a pod between its reconciles.
+    memory: Mutex<HashMap<Key, Memory>>,
+    /// Leaf namespaces and service accounts known to exist.
+    ensured: Mutex<HashSet<(String, String)>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let known = lock(&self.known).len() as i64;
+        self.context.metrics.pods_synced.dec_by(known);
+    }
+}
+
+/// What relaylet remembers of one pod.
+#[derive(Default)]
+struct Memory {
+    restarts: Restarts,
+    /// When its root status was last written.
+    written: Option<Instant>,
+    /// Why its copy ended, as the leaf last said.
+    leaf_reason: Option<(String, String)>,
+    /// The waits after failed reconciles.
+    retry: Option<Backoff>,
+}
+
+/// Why a reconcile failed; the pod is tried again later.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("root: {0}")]
+    Root(kube::Error),
+    #[error("leaf: {0}")]
+    Leaf(kube::Error),
+}
+
+impl Shared {
+    async fn run(self: Arc<Self>) {
+        let (root_listed, mut root_ready) = watch::channel(false);
+        let (leaf_listed, mut leaf_ready) = watch::channel(false);
+        let workers = async {
+            // No decision from half a view: both sides listed first.
+            let _ = root_ready.wait_for(|listed| *listed).await;
+            let _ = leaf_ready.wait_for(|listed| *listed).await;
+            self.enqueue_known();
+            futures::future::join_all((0..WORKERS).map(|_| self.clone().work())).await;
+        };
+        let resync = async {
+            loop {
+                tokio::time::sleep(RESYNC).await;
+                self.enqueue_known();
+            }
+        };
+        tokio::join!(
+            self.clone().watch_root(root_listed),
+            self.clone().watch_leaf(leaf_listed),
+            workers,
+            resync
+        );
+    }
+
+    fn enqueue_known(&self) {
+        let keys: Vec<Key> = lock(&self.known).iter().cloned().collect();
+        for key in keys {
+            self.queue.add(key);
+        }
+    }
+
+    fn saw(&self, key: Key) {
+        if lock(&self.known).insert(key.clone()) {
+            self.context.metrics.pods_synced.inc();
+        }
+        self.queue.add(key);
+    }
+
+    /// The root pods bound to the Node.
+    async fn watch_root(self: Arc<Self>, listed: watch::Sender<bool>) {
+        let fields = Some(format!("spec.nodeName={}", self.context.leaf.node_name));
+        let calls = Calls::of_client(self.context.root.clone());
+        let mut events = LeanWatch::<SlimPod>::new(calls, fields, PAGE);
+        loop {
+            match events.next().await {
+                Ok(watcher::Event::InitDone) => {
+                    listed.send_replace(true);
+                }
+                Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))
+                | Ok(watcher::Event::Delete(pod)) => {
+                    if let Some(key) = root_key(&pod) {
+                        self.saw(key);
+                    }
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(err) => {
+                    tracing::warn!(%err, node = %self.context.leaf.node_name, "watching the root pods to run")
+                }
+            }
+        }
+    }
+
+    /// This install's copies for the Node in the leaf.
+    async fn watch_leaf(self: Arc<Self>, listed: watch::Sender<bool>) {
+        let calls = self.context.leaf.client();
+        let mut events = LeanWatch::<SlimPod>::new(calls, None, PAGE).labels(self.marks.selector());
+        loop {
+            match events.next().await {
+                Ok(watcher::Event::InitDone) => {
+                    listed.send_replace(true);
+                }
+                Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => {
+                    if let Some(key) = self.root_key_of_copy(&pod) {
+                        self.saw(key);
+                    }
+                }
+                Ok(watcher::Event::Delete(pod)) => {
+                    if let Some(key) = self.root_key_of_copy(&pod) {
+                        // The copy's last word on why it went (an eviction's reason).
+                        if let Some(status) = pod.status.as_ref()
+                            && let Some(reason) = status.reason.as_deref()
+                        {
+                            let said = (
+                                crate::model::quote::quote(reason),
+                                crate::model::quote::quote(status.message.as_deref().unwrap_or("")),
+                            );
+                            lock(&self.memory)
+                                .entry(key.clone())
+                                .or_default()
+                                .leaf_reason = Some(said);
+                        }
+                        self.saw(key);
+                    }
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(err) => {
+                    tracing::warn!(%err, leaf = %self.context.leaf.name, "watching the pods relaylet runs in the leaf")
+                }
+            }
+        }
+    }
+
+    /// The root pod a copy in the leaf stands for (by name: its namespace mapped back).
+    fn root_key_of_copy(&self, pod: &SlimPod) -> Option<Key> {
+        let namespace = pod.metadata.namespace.as_deref()?;
+        let root = self.context.leaf.namespaces.root_namespace(namespace)?;
+        Some((root.to_string(), pod.metadata.name.clone()?))
+    }
+
+    async fn work(self: Arc<Self>) {
+        loop {
+            let key = self.queue.next().await;
+            let mut memory = lock(&self.memory).remove(&key).unwrap_or_default();
+            let span = tracing::debug_span!("pod_sync", namespace = %key.0, pod = %key.1, leaf = %self.context.leaf.name);
+            let outcome =
+                tracing::Instrument::instrument(Box::pin(self.reconcile(&key, &mut memory)), span)
+                    .await;
+            let again = match outcome {
+                Ok(Done::Forget) => {
+                    if lock(&self.known).remove(&key) {
+                        self.context.metrics.pods_synced.dec();
+                    }
+                    None
+                }
+                Ok(Done::Keep) => {
+                    memory.retry = None;
+                    lock(&self.memory).insert(key.clone(), memory);
+                    None
+                }
+                Ok(Done::After(wait)) => {
+                    lock(&self.memory).insert(key.clone(), memory);
+                    Some(wait)
+                }
+                Err(err) => {
+                    let side = match err {
+                        SyncError::Root(_) => "root",
+                        SyncError::Leaf(_) => "leaf",
+                    };
+                    self.context.metrics.pod_sync_error(side);
+                    let wait = memory
+                        .retry
+                        .get_or_insert_with(|| Backoff::new(FIRST_RETRY, MAX_RETRY).jittered())
+                        .next_wait();
+                    tracing::warn!(namespace = %key.0, pod = %key.1, leaf = %self.context.leaf.name, %err, retry_in = ?wait, "running a pod in its leaf");
+                    lock(&self.memory).insert(key.clone(), memory);
+                    Some(wait)
+                }
+            };
+            self.queue.done(&key);
+            if let Some(wait) = again {
+                self.queue.add_after(key, wait);
+            }
+        }
+    }
+
+    /// Reads root pod `key` and its copy, decides and acts.
+    async fn reconcile(&self, key: &Key, memory: &mut Memory) -> Result<Done, SyncError> {
+        let (namespace, name) = key;
+        let node = &self.context.leaf.node_name;
+        let roots: Api<Pod> = Api::namespaced(self.context.root.clone(), namespace);
+        let root = roots
+            .get_opt(name)
+            .await
+            .map_err(SyncError::Root)?
+            // A pod of that name on another node is another pod.
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
+        let Some(leaf_namespace) = self.context.leaf.namespaces.leaf_namespace(namespace) else {
+            return self.unmapped(&roots, root.as_ref(), memory).await;
+        };
+        let leaf = self
+            .context
+            .leaf
+            .client()
+            .get_opt::<Pod>(Some(leaf_namespace), name)
+            .await
+            .map_err(SyncError::Leaf)?;
+        if root.is_none() && leaf.is_none() {
+            return Ok(Done::Forget);
+        }
+        if let Some(said) = leaf.as_ref().and_then(leaf_reason) {
+            memory.leaf_reason = Some(said);
+        }
+        let rules = CopyRules {
+            marks: self.marks.clone(),
+            leaf_namespace: leaf_namespace.to_string(),
+            node_taints: self.context.node_taints.clone(),
+            node_label_keys: CopyRules::node_label_keys(&self.context.leaf.node_labels),
+            host_access: self.context.leaf.host_access,
+        };
+        let facts = Facts {
+            rules: &rules,
+            host_ip: &self.context.host_ip,
+            own_namespace: &self.context.owner,
+            leaf_reason: memory.leaf_reason.as_ref(),
+            now: Timestamp::now(),
+        };
+        let Plan {
+            leaf: leaf_action,
+            root: root_action,
+        } = decide(root.as_ref(), leaf.as_ref(), &facts, &mut memory.restarts);
+        if let Some(action) = leaf_action {
+            if let Some(failed) = self.act_in_leaf(leaf_namespace, name, action).await? {
+                // The leaf refused the copy for good: the root pod fails, saying why.
+                if let Some(root) = &root {
+                    let now =
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now());
+                    if let Some(status) = root_status::failed(root, "LeafRejected", &failed, &now) {
+                        return self
+                            .write_status(&roots, root, status, memory, "root_fail")
+                            .await;
+                    }
+                }
+            }
+        }
+        match (root_action, &root) {
+            (Some(RootAction::Status(status)), Some(root)) => {
+                let action = if status.phase.as_deref() == Some("Failed")
+                    && !root_status::terminal(root.status.as_ref().and_then(|s| s.phase.as_deref()))
+                {
+                    "root_fail"
+                } else {
+                    "root_status"
+                };
+                self.write_status(&roots, root, *status, memory, action)
+                    .await
+            }
+            (Some(RootAction::Delete { uid }), _) => {
+                let params = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match roots.delete(name, &params).await {
+                    Ok(_) => self.context.metrics.pod_sync_action("root_delete"),
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                    Err(err) => return Err(SyncError::Root(err)),
+                }
+                Ok(Done::Keep)
+            }
+            _ => Ok(Done::Keep),
+        }
+    }
+
+    /// A root pod in a namespace the leaf's map does not name: it says so (or, deleted,
+    /// finishes at once: it never had a copy).
+    async fn unmapped(
+        &self,
+        roots: &Api<Pod>,
+        root: Option<&Pod>,
+        memory: &mut Memory,
+    ) -> Result<Done, SyncError> {
+        let Some(root) = root else {
+            return Ok(Done::Forget);
+        };
+        if root.metadata.deletion_timestamp.is_some() {
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: root.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let name = root.metadata.name.as_deref().unwrap_or_default();
+            return match roots.delete(name, &params).await {
+                Ok(_) | Err(kube::Error::Api(_)) => Ok(Done::Keep),
+                Err(err) => Err(SyncError::Root(err)),
+            };
+        }
+        let message = format!(
+            "namespace {} is not mapped to a namespace of leaf cluster {} (its Secret's relaylet.io/namespace-map)",
+            root.metadata.namespace.as_deref().unwrap_or_default(),
+            self.context.leaf.name
+        );
+        let status = root_status::not_run(root, "NamespaceNotMapped", &message);
+        if !root_status::differs(root.status.as_ref(), &status) {
+            return Ok(Done::Keep);
+        }
+        self.write_status(roots, root, status, memory, "root_status")
+            .await
+    }
+
+    /// Does `action` in leaf namespace `namespace`; the leaf's refusal of a copy for good, if
+    /// it refused one (the root pod then fails with it).
+    async fn act_in_leaf(
+        &self,
+        namespace: &str,
+        name: &str,
+        action: LeafAction,
+    ) -> Result<Option<String>, SyncError> {
+        let calls = self.context.leaf.client();
+        match action {
+            LeafAction::Create(copy) => {
+                self.ensure_namespace(&calls, namespace).await?;
+                let account = copy
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.clone())
+                    .unwrap_or_else(|| "default".to_string());
+                self.ensure_service_account(&calls, namespace, &account)
+                    .await?;
+                let params = PostParams {
+                    field_manager: Some(MANAGER.to_string()),
+                    ..PostParams::default()
+                };
+                match calls.create(Some(namespace), &*copy, &params).await {
+                    Ok(_) => {
+                        self.context.metrics.pod_sync_action("leaf_create");
+                        tracing::info!(namespace, pod = name, leaf = %self.context.leaf.name, "pod created in its leaf cluster");
+                        Ok(None)
+                    }
+                    // Made already (a create whose answer was lost): the next look sees it.
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+                    Err(kube::Error::Api(e)) if refused_for_good(&e) => Ok(Some(format!(
+                        "leaf cluster {} refused the pod: {}",
+                        self.context.leaf.name,
+                        crate::model::quote::quote(&e.message)
+                    ))),
+                    Err(err) => Err(SyncError::Leaf(err)),
+                }
+            }
+            LeafAction::Patch(patch) => {
+                let params = PatchParams {
+                    field_manager: Some(MANAGER.to_string()),
+                    ..PatchParams::default()
+                };
+                calls
+                    .patch::<Pod, _>(Some(namespace), name, &params, &Patch::Strategic(patch))
+                    .await
+                    .map_err(SyncError::Leaf)?;
+                self.context.metrics.pod_sync_action("leaf_patch");
+                Ok(None)
+            }
+            LeafAction::Delete { uid, grace } => {
+                let params = DeleteParams {
+                    grace_period_seconds: grace.map(|g| g as u32),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match calls.delete::<Pod>(Some(namespace), name, &params).await {
+                    Ok(_) => self.context.metrics.pod_sync_action("leaf_delete"),
+                    // Another pod by now (the precondition): the next look decides again.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(err) => return Err(SyncError::Leaf(err)),
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Writes `status` on root pod `root` (with its resourceVersion), at most once a second:
+    /// a write sooner waits for the rest of the second and carries what changed meanwhile.
+    async fn write_status(
+        &self,
+        roots: &Api<Pod>,
+        root: &Pod,
+        status: k8s_openapi::api::core::v1::PodStatus,
+        memory: &mut Memory,
+        action: &'static str,
+    ) -> Result<Done, SyncError> {
+        if let Some(at) = memory.written {
+            let since = at.elapsed();
+            if since < STATUS_EVERY {
+                return Ok(Done::After(STATUS_EVERY - since));
+            }
+        }
+        let mut pod = root.clone();
+        pod.status = Some(status);
+        let name = root.metadata.name.as_deref().unwrap_or_default();
+        match roots
+            .replace_status(name, &PostParams::default(), &pod)
+            .await
+        {
+            Ok(_) => {
+                memory.written = Some(Instant::now());
+                self.context.metrics.pod_sync_action(action);
+                Ok(Done::Keep)
+            }
+            // Changed since it was read: read it again now.
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Done::After(Duration::ZERO)),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(Done::Keep),
+            Err(err) => Err(SyncError::Root(err)),
+        }
+    }
+
+    /// Creates leaf namespace `namespace` if it is missing (never deleted: others may use it).
+    async fn ensure_namespace(&self, calls: &Calls, namespace: &str) -> Result<(), SyncError> {
+        let key = (namespace.to_string(), String::new());
+        if lock(&self.ensured).contains(&key) {
+            return Ok(());
+        }
+        if calls
+            .get_opt::<Namespace>(None, namespace)
+            .await
+            .map_err(SyncError::Leaf)?
+            .is_none()
+        {
+            let object = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(namespace.to_string()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            };
+            match calls.create(None, &object, &PostParams::default()).await {
+                Ok(_) => {
+                    tracing::info!(namespace, leaf = %self.context.leaf.name, "namespace created in the leaf cluster")
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(err) => return Err(SyncError::Leaf(err)),
+            }
+        }
+        lock(&self.ensured).insert(key);
+        Ok(())
+    }
+
+    /// Creates service account `account` in leaf namespace `namespace` if it is missing, with
+    /// no rights (the leaf's admission refuses a pod whose account does not exist).
+    async fn ensure_service_account(
+        &self,
+        calls: &Calls,
+        namespace: &str,
+        account: &str,
+    ) -> Result<(), SyncError> {
+        let key = (namespace.to_string(), account.to_string());
+        if lock(&self.ensured).contains(&key) {
+            return Ok(());
+        }
+        if calls
+            .get_opt::<ServiceAccount>(Some(namespace), account)
+            .await
+            .map_err(SyncError::Leaf)?
+            .is_none()
+        {
+            let object = ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some(account.to_string()),
+                    namespace: Some(namespace.to_string()),
+                    ..ObjectMeta::default()
+                },
+                ..ServiceAccount::default()
+            };
+            match calls
+                .create(Some(namespace), &object, &PostParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(err) => return Err(SyncError::Leaf(err)),
+            }
+        }
+        lock(&self.ensured).insert(key);
+        Ok(())
+    }
+}
+
+/// How a reconcile ended.
+enum Done {
+    /// Nothing of the pod is left on either side: forget it.
+    Forget,
+    /// Done until the pod changes.
+    Keep,
+    /// Look again after this (a status write held back, a write that met a newer pod).
+    After(Duration),
+}
+
+/// Whether the leaf refused a pod for what it is (its admission: Pod Security, a policy, an
+/// invalid field), not for relaylet's rights or a passing fault: the root pod then fails.
+fn refused_for_good(status: &kube::core::Status) -> bool {
+    match status.code {
+        400 | 422 => true,
+        // RBAC says "cannot create resource"; an admission denial says why the pod is refused.
+        403 => !status.message.contains("cannot create resource"),
+        _ => false,
+    }
+}
+
+/// A root pod's key.
+fn root_key(pod: &SlimPod) -> Option<Key> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
