@@ -43,9 +43,10 @@ fn captured() -> &'static Captured {
 
 /// The module's sandbox, its relaylet logging into [`captured`] (and nowhere else).
 fn env(settings: fn() -> Settings) -> &'static Env {
-    let writer = captured().clone();
-    let log = relaylet::ops::telemetry::dispatch(LogFormat::Json, move || writer.clone());
-    support::env_logged(settings, log)
+    support::env_logged(settings, || {
+        let writer = captured().clone();
+        relaylet::ops::telemetry::dispatch(LogFormat::Json, move || writer.clone())
+    })
 }
 
 fn settings() -> Settings {

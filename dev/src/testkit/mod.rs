@@ -42,13 +42,28 @@ pub struct Env {
 /// its sandbox, as each held one when every module was a binary of its own.
 #[track_caller]
 pub fn env(settings: impl FnOnce() -> Settings) -> &'static Env {
-    sandbox_of(std::panic::Location::caller().file(), settings, None)
+    sandbox_of(
+        std::panic::Location::caller().file(),
+        settings,
+        None::<fn() -> tracing::Dispatch>,
+    )
 }
 
-/// Like [`env`], with everything the sandbox's relaylet logs going to `log` (a subscriber of
-/// the module's own, so a module reads its relaylet's log lines and no other module's).
+/// Like [`env`], with everything the sandbox's relaylet logs going to the subscriber `log`
+/// makes (one of the module's own, so a module reads its relaylet's log lines and no other
+/// module's).
 #[track_caller]
-pub fn env_logged(settings: impl FnOnce() -> Settings, log: tracing::Dispatch) -> &'static Env {
+pub fn env_logged(
+    settings: impl FnOnce() -> Settings,
+    log: impl FnOnce() -> tracing::Dispatch,
+) -> &'static Env {
+    // tracing-core works out whether a log line is wanted from the calling thread's subscriber
+    // alone while a single one exists; with a second, silent one it asks every live
+    // subscriber, so a line first logged on another module's threads is not dismissed for all.
+    static SECOND: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
+        tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
+    });
+    std::sync::LazyLock::force(&SECOND);
     sandbox_of(std::panic::Location::caller().file(), settings, Some(log))
 }
 
@@ -57,7 +72,7 @@ pub fn env_logged(settings: impl FnOnce() -> Settings, log: tracing::Dispatch) -
 fn sandbox_of(
     file: &'static str,
     settings: impl FnOnce() -> Settings,
-    log: Option<tracing::Dispatch>,
+    log: Option<impl FnOnce() -> tracing::Dispatch>,
 ) -> &'static Env {
     type Cells = std::collections::HashMap<&'static str, &'static std::sync::OnceLock<Env>>;
     static SANDBOXES: std::sync::Mutex<Option<Cells>> = std::sync::Mutex::new(None);
@@ -69,6 +84,7 @@ fn sandbox_of(
         .or_insert_with(|| Box::leak(Box::default()));
     cell.get_or_init(|| {
         let settings = settings();
+        let log = log.map(|make| make());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("sandbox")
