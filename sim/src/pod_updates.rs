@@ -1,11 +1,11 @@
-//! What a cluster's kubelets do when their pods change after the start: run the ephemeral
-//! containers `kubectl debug` adds (through `pods/ephemeralcontainers`) and report each in the
-//! pod's `status.ephemeralContainerStatuses`, as the kubelet does. The image is not pulled: the
+//! What a cluster's kubelets do when their pods change after the start: bring each pod along
+//! its life (`pod_lifecycle`), and run the ephemeral containers `kubectl debug` adds (through
+//! `pods/ephemeralcontainers`) and report each in the pod's
+//! `status.ephemeralContainerStatuses`, as the kubelet does. The image is not pulled: the
 //! container runs its command (or `sh`, busybox's default) as a local process, like every
 //! container of the sim.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{EphemeralContainer, Pod};
 use serde_json::{Value, json};
@@ -15,8 +15,7 @@ use crate::apiserver::store::Change;
 use crate::apiserver::{Store, kinds};
 use crate::kubelet::{ContainerRun, Kubelet};
 
-/// The kubelets of a cluster by node name.
-pub type Kubelets = Arc<Mutex<HashMap<String, Arc<Kubelet>>>>;
+pub use crate::pod_lifecycle::Kubelets;
 
 /// Watches `store` until `stop` and starts ephemeral containers on the nodes in `kubelets`.
 /// Looks only at the pods that changed, as a kubelet watches its own: reading every pod of the
@@ -47,20 +46,30 @@ async fn start_new_since(store: &Store, kubelets: &Kubelets, since: Option<u64>)
     let Some((events, rv)) = changed else {
         let rv = store.revision();
         for pod in store.list_typed::<Pod>(None).unwrap_or_default() {
+            crate::pod_lifecycle::settle(store, kubelets, &pod).await;
             start_new_ones(store, kubelets, &pod).await;
         }
         return rv;
     };
-    let pods: BTreeSet<(String, String)> = events
+    let pods = events
         .iter()
-        .filter(|e| e.key.group.is_empty() && e.key.resource == "pods")
-        .filter(|e| e.change != Change::Deleted)
-        .map(|e| (e.key.namespace.clone(), e.key.name.clone()))
-        .collect();
-    for (namespace, name) in pods {
+        .filter(|e| e.key.group.is_empty() && e.key.resource == "pods");
+    let mut changed = BTreeSet::new();
+    for event in pods {
+        let key = (event.key.namespace.clone(), event.key.name.clone());
+        if event.change == Change::Deleted {
+            // Gone from the store (at once, or after its kubelet stopped it): nothing of it
+            // may keep running.
+            let uid = event.object["metadata"]["uid"].as_str().unwrap_or_default();
+            crate::pod_lifecycle::forget(kubelets, &key.0, &key.1, uid).await;
+        }
+        changed.insert(key);
+    }
+    for (namespace, name) in changed {
         // The pod as it is now, not as the event saw it: a container started and reported
         // since is not started again.
         if let Ok(pod) = store.get_typed::<Pod>(&namespace, &name) {
+            crate::pod_lifecycle::settle(store, kubelets, &pod).await;
             start_new_ones(store, kubelets, &pod).await;
         }
     }

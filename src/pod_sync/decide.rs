@@ -32,6 +32,9 @@ pub enum LeafAction {
     Create(Box<Pod>),
     /// A strategic merge patch of the mutable fields.
     Patch(Value),
+    /// The root pod's ephemeral containers (`kubectl debug`), through their subresource: they
+    /// can only be added.
+    EphemeralContainers(Value),
     /// Delete copy `uid` (precondition), with `grace` seconds (the pod's own when `None`).
     Delete {
         uid: String,
@@ -125,7 +128,9 @@ pub fn decide(
     match copy {
         Some(l) => {
             if let Ok(wanted) = leaf_copy(root, facts.rules) {
-                plan.leaf = update(&wanted, l).map(LeafAction::Patch);
+                plan.leaf = update(&wanted, l)
+                    .map(LeafAction::Patch)
+                    .or_else(|| ephemeral(root, l).map(LeafAction::EphemeralContainers));
             }
             plan.root = status_of(root, l, facts, restarts);
         }
@@ -159,6 +164,22 @@ pub fn decide(
         },
     }
     plan
+}
+
+/// The ephemeral containers patch that adds the root pod's new ones to its copy, if any.
+fn ephemeral(root: &Pod, leaf: &Pod) -> Option<Value> {
+    let wanted = root.spec.as_ref()?.ephemeral_containers.as_ref()?;
+    let have: Vec<&str> = leaf
+        .spec
+        .iter()
+        .flat_map(|s| s.ephemeral_containers.iter().flatten())
+        .map(|c| c.name.as_str())
+        .collect();
+    let new: Vec<_> = wanted
+        .iter()
+        .filter(|c| !have.contains(&c.name.as_str()))
+        .collect();
+    (!new.is_empty()).then(|| serde_json::json!({"spec": {"ephemeralContainers": new}}))
 }
 
 /// Whether a kubelet has reported for the root pod (a `hostIP`): its copy existed, so a copy
@@ -280,6 +301,7 @@ mod tests {
             None => "-".to_string(),
             Some(LeafAction::Create(_)) => "create".to_string(),
             Some(LeafAction::Patch(_)) => "patch".to_string(),
+            Some(LeafAction::EphemeralContainers(_)) => "debug".to_string(),
             Some(LeafAction::Delete { grace, .. }) => format!("delete grace {grace:?}"),
         };
         let root = match &plan.root {
@@ -303,14 +325,15 @@ mod tests {
             "The node was low on memory.".to_string(),
         );
         // (case, root, leaf, the leaf's last word, what happens in the leaf, what happens in the root)
-        let cases: Vec<(
-            &str,
+        type Case<'a> = (
+            &'a str,
             Option<Pod>,
             Option<Pod>,
-            Option<&(String, String)>,
-            &str,
-            &str,
-        )> = vec![
+            Option<&'a (String, String)>,
+            &'a str,
+            &'a str,
+        );
+        let cases: Vec<Case> = vec![
             (
                 "a new pod gets its copy",
                 Some(root("r1", "Pending", false, false)),
@@ -503,6 +526,39 @@ mod tests {
         assert_eq!(
             said(&plan),
             ("-".into(), "status Failed HostAccessNotAllowed".into())
+        );
+    }
+
+    #[test]
+    fn kubectl_debug_reaches_the_copy() {
+        let now = Timestamp::now();
+        let r = rules();
+        let facts = Facts {
+            rules: &r,
+            host_ip: "h",
+            own_namespace: "relaylet",
+            leaf_reason: None,
+            now,
+        };
+        let mut pod = root("r1", "Running", true, false);
+        let debug = json!({"name": "debugger-x", "image": "busybox", "targetContainerName": "main", "stdin": true, "tty": true});
+        pod.spec.as_mut().unwrap().ephemeral_containers =
+            Some(vec![serde_json::from_value(debug.clone()).unwrap()]);
+        let copy = leaf(Some("r1"), false);
+        let plan = decide(Some(&pod), Some(&copy), &facts, &mut Restarts::default());
+        assert_eq!(
+            plan.leaf,
+            Some(LeafAction::EphemeralContainers(
+                json!({"spec": {"ephemeralContainers": [debug]}})
+            ))
+        );
+        // Once the copy has it, nothing more.
+        let mut has = copy.clone();
+        has.spec.as_mut().unwrap().ephemeral_containers =
+            pod.spec.as_ref().unwrap().ephemeral_containers.clone();
+        assert_eq!(
+            decide(Some(&pod), Some(&has), &facts, &mut Restarts::default()).leaf,
+            None
         );
     }
 

@@ -86,10 +86,10 @@ impl Refused {
 pub fn leaf_copy(root: &Pod, rules: &CopyRules) -> Result<Pod, Refused> {
     let uid = root.metadata.uid.as_deref().ok_or(Refused::NoUid)?;
     let mut spec = root.spec.clone().unwrap_or_default();
-    if !rules.host_access {
-        if let Some(what) = host_access(&spec) {
-            return Err(Refused::HostAccess { what });
-        }
+    if !rules.host_access
+        && let Some(what) = host_access(&spec)
+    {
+        return Err(Refused::HostAccess { what });
     }
     spec.node_name = None;
     spec.scheduler_name = None;

@@ -1,11 +1,12 @@
 //! One leaf's pods, run by the replica that serves the leaf's Node, as a kubelet runs its
-//! node's: two watches find the pods that changed (the root pods bound to the Node, this
-//! install's copies in the leaf), a queue hands each pod to one worker at a time, and the
-//! worker reads both pods, asks `decide` what to do and does it.
+//! node's: two watches find the pods that changed (the root pods bound to the Node, from the
+//! pod index's watch of the Node, and this install's copies in the leaf), a queue hands each
+//! pod to one worker at a time, and the worker reads both pods, asks `decide` what to do and
+//! does it.
 //!
-//! The watches keep only the pods' names: a worker reads the two pods it works on when it
-//! works on them, so what relaylet holds per synced pod is its name twice and a few bytes of
-//! memory (restarts, the last status write, the leaf's last word), whatever the pods carry.
+//! Only the pods' names are kept: a worker reads the two pods it works on when it works on
+//! them, so what relaylet holds per synced pod is its name and a few bytes of memory
+//! (restarts, the last status write, the leaf's last word), whatever the pods carry.
 //! Nothing is decided before both watches have listed once (after a start or a takeover, a
 //! half view would delete or create what it does not see), and a leaf that cannot be read
 //! decides nothing: its pods keep their status until it answers again.
@@ -33,6 +34,7 @@ use crate::kube_client::{Calls, LeanWatch};
 use crate::leaf::Leaf;
 use crate::model::slim_pod::SlimPod;
 use crate::ops::{Backoff, Metrics};
+use crate::routing::NodePodChanges;
 
 /// Pods worked on at once per leaf: each waits on the root's and the leaf's apiservers.
 const WORKERS: usize = 8;
@@ -78,8 +80,9 @@ impl Drop for LeafPodSync {
 }
 
 impl LeafPodSync {
-    /// Starts running the pods of `context.leaf`'s virtual Node.
-    pub fn start(context: Context) -> LeafPodSync {
+    /// Starts running the pods of `context.leaf`'s virtual Node, the root pods bound to it
+    /// being `root_pods` (as the pod index's watch of the Node sees them change).
+    pub fn start(context: Context, root_pods: NodePodChanges) -> LeafPodSync {
         let marks = Marks {
             owner: context.owner.clone(),
             node: context.leaf.node_name.clone(),
@@ -94,7 +97,7 @@ impl LeafPodSync {
             ensured: Mutex::default(),
         });
         LeafPodSync {
-            task: tokio::spawn(shared.run()),
+            task: tokio::spawn(shared.run(root_pods)),
         }
     }
 }
@@ -141,12 +144,12 @@ enum SyncError {
 }
 
 impl Shared {
-    async fn run(self: Arc<Self>) {
-        let (root_listed, mut root_ready) = watch::channel(false);
+    async fn run(self: Arc<Self>, root_pods: NodePodChanges) {
         let (leaf_listed, mut leaf_ready) = watch::channel(false);
+        let root_listed = root_pods.listing();
         let workers = async {
             // No decision from half a view: both sides listed first.
-            let _ = root_ready.wait_for(|listed| *listed).await;
+            root_listed.wait().await;
             let _ = leaf_ready.wait_for(|listed| *listed).await;
             self.enqueue_known();
             futures::future::join_all((0..WORKERS).map(|_| self.clone().work())).await;
@@ -158,7 +161,7 @@ impl Shared {
             }
         };
         tokio::join!(
-            self.clone().watch_root(root_listed),
+            self.clone().follow_root(root_pods),
             self.clone().watch_leaf(leaf_listed),
             workers,
             resync
@@ -179,27 +182,10 @@ impl Shared {
         self.queue.add(key);
     }
 
-    /// The root pods bound to the Node.
-    async fn watch_root(self: Arc<Self>, listed: watch::Sender<bool>) {
-        let fields = Some(format!("spec.nodeName={}", self.context.leaf.node_name));
-        let calls = Calls::of_client(self.context.root.clone());
-        let mut events = LeanWatch::<SlimPod>::new(calls, fields, PAGE);
-        loop {
-            match events.next().await {
-                Ok(watcher::Event::InitDone) => {
-                    listed.send_replace(true);
-                }
-                Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))
-                | Ok(watcher::Event::Delete(pod)) => {
-                    if let Some(key) = root_key(&pod) {
-                        self.saw(key);
-                    }
-                }
-                Ok(watcher::Event::Init) => {}
-                Err(err) => {
-                    tracing::warn!(%err, node = %self.context.leaf.node_name, "watching the root pods to run")
-                }
-            }
+    /// The root pods bound to the Node, as the pod index's watch sees them change.
+    async fn follow_root(self: Arc<Self>, mut root_pods: NodePodChanges) {
+        while let Some(key) = root_pods.next().await {
+            self.saw(key);
         }
     }
 
@@ -341,18 +327,17 @@ impl Shared {
             leaf: leaf_action,
             root: root_action,
         } = decide(root.as_ref(), leaf.as_ref(), &facts, &mut memory.restarts);
-        if let Some(action) = leaf_action {
-            if let Some(failed) = self.act_in_leaf(leaf_namespace, name, action).await? {
-                // The leaf refused the copy for good: the root pod fails, saying why.
-                if let Some(root) = &root {
-                    let now =
-                        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now());
-                    if let Some(status) = root_status::failed(root, "LeafRejected", &failed, &now) {
-                        return self
-                            .write_status(&roots, root, status, memory, "root_fail")
-                            .await;
-                    }
-                }
+        let refused = match leaf_action {
+            Some(action) => self.act_in_leaf(leaf_namespace, name, action).await?,
+            None => None,
+        };
+        // The leaf refused the copy for good: the root pod fails, saying why.
+        if let (Some(why), Some(root)) = (refused, &root) {
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now());
+            if let Some(status) = root_status::failed(root, "LeafRejected", &why, &now) {
+                return self
+                    .write_status(&roots, root, status, memory, "root_fail")
+                    .await;
             }
         }
         match (root_action, &root) {
@@ -477,6 +462,26 @@ impl Shared {
                 self.context.metrics.pod_sync_action("leaf_patch");
                 Ok(None)
             }
+            LeafAction::EphemeralContainers(patch) => {
+                let request =
+                    kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+                        .patch_subresource(
+                            "ephemeralcontainers",
+                            name,
+                            &PatchParams {
+                                field_manager: Some(MANAGER.to_string()),
+                                ..PatchParams::default()
+                            },
+                            &Patch::Strategic(patch),
+                        )
+                        .map_err(|e| SyncError::Leaf(kube::Error::BuildRequest(e)))?;
+                calls
+                    .request::<Pod>(request)
+                    .await
+                    .map_err(SyncError::Leaf)?;
+                self.context.metrics.pod_sync_action("leaf_debug");
+                Ok(None)
+            }
             LeafAction::Delete { uid, grace } => {
                 let params = DeleteParams {
                     grace_period_seconds: grace.map(|g| g as u32),
@@ -538,12 +543,14 @@ impl Shared {
         if lock(&self.ensured).contains(&key) {
             return Ok(());
         }
-        if calls
-            .get_opt::<Namespace>(None, namespace)
-            .await
-            .map_err(SyncError::Leaf)?
-            .is_none()
-        {
+        let found = match calls.get_opt::<Namespace>(None, namespace).await {
+            Ok(found) => found.is_some(),
+            // The namespaced leaf RBAC reads no namespaces: they are the administrator's to
+            // make, and a missing one fails the create that follows, saying so.
+            Err(kube::Error::Api(e)) if e.code == 403 => true,
+            Err(err) => return Err(SyncError::Leaf(err)),
+        };
+        if !found {
             let object = Namespace {
                 metadata: ObjectMeta {
                     name: Some(namespace.to_string()),
@@ -622,11 +629,6 @@ fn refused_for_good(status: &kube::core::Status) -> bool {
         403 => !status.message.contains("cannot create resource"),
         _ => false,
     }
-}
-
-/// A root pod's key.
-fn root_key(pod: &SlimPod) -> Option<Key> {
-    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

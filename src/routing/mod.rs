@@ -7,5 +7,5 @@
 mod pod_index;
 mod proof;
 
-pub use pod_index::{NodePods, PodIndex, PodRoute, RouteError};
+pub use pod_index::{NodeListing, NodePodChanges, NodePods, PodIndex, PodRoute, RouteError};
 pub use proof::{CounterpartError, LeafPod, RootPod, counterpart_target, verify_counterpart};

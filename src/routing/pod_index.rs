@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::kube_client::Calls;
@@ -97,6 +98,8 @@ pub struct PodIndex {
     listed: Arc<RwLock<HashSet<String>>>,
     /// How many [`NodePods`] of each node are open here.
     watchers: Arc<Mutex<HashMap<String, usize>>>,
+    /// Who hears which pods of a node changed ([`NodePods::changes`]).
+    subscribers: Arc<Mutex<HashMap<String, Vec<mpsc::UnboundedSender<Key>>>>>,
     /// The shared port's recent GETs of unindexed pods.
     looked_up: Arc<Mutex<HashMap<Key, LookedUp>>>,
     lookups: Arc<Mutex<crate::caps::TokenBucket>>,
@@ -111,6 +114,7 @@ impl PodIndex {
             indexed: Arc::default(),
             listed: Arc::default(),
             watchers: Arc::default(),
+            subscribers: Arc::default(),
             looked_up: Arc::default(),
             lookups: Arc::new(Mutex::new(crate::caps::TokenBucket::full(LOOKUP_BURST))),
         }
@@ -276,6 +280,7 @@ impl PodIndex {
                 Ok(watcher::Event::Init) => seen.clear(),
                 Ok(watcher::Event::InitApply(pod)) => {
                     if let Some(key) = self.upsert(&pod) {
+                        self.changed(&node, &key);
                         seen.insert(key);
                     }
                 }
@@ -285,15 +290,25 @@ impl PodIndex {
                     self.indexed.notify_waiters();
                 }
                 Ok(watcher::Event::Apply(pod)) => {
-                    self.upsert(&pod);
+                    if let Some(key) = self.upsert(&pod) {
+                        self.changed(&node, &key);
+                    }
                 }
                 Ok(watcher::Event::Delete(pod)) => {
                     if let Some(key) = key_of(&pod) {
                         write(&self.routes).remove(&key);
+                        self.changed(&node, &key);
                     }
                 }
                 Err(err) => tracing::warn!(%err, node = %node, "watching root pods"),
             }
+        }
+    }
+
+    /// Tells `node`'s subscribers that pod `key` changed (forgetting those gone).
+    fn changed(&self, node: &str, key: &Key) {
+        if let Some(subscribers) = lock(&self.subscribers).get_mut(node) {
+            subscribers.retain(|s| s.send(key.clone()).is_ok());
         }
     }
 
@@ -320,6 +335,63 @@ impl NodePods {
     pub async fn listed_within(&self, wait: Duration) -> bool {
         self.index.listed_within(&self.node, wait).await
     }
+
+    /// The node's pods as they change: every pod indexed now, then each pod the watch shows
+    /// changed or gone (each relist shows them all again).
+    pub fn changes(&self) -> NodePodChanges {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut subscribers = lock(&self.index.subscribers);
+        for (key, route) in read(&self.index.routes).iter() {
+            if route.node_name == self.node {
+                let _ = tx.send(key.clone());
+            }
+        }
+        subscribers.entry(self.node.clone()).or_default().push(tx);
+        NodePodChanges {
+            changes: rx,
+            index: self.index.clone(),
+            node: self.node.clone(),
+        }
+    }
+}
+
+/// The changes of one node's root pods ([`NodePods::changes`]), as (namespace, name).
+pub struct NodePodChanges {
+    changes: mpsc::UnboundedReceiver<Key>,
+    index: PodIndex,
+    node: String,
+}
+
+impl NodePodChanges {
+    /// The next pod that changed; `None` once the node's watch is gone.
+    pub async fn next(&mut self) -> Option<(String, String)> {
+        self.changes.recv().await
+    }
+
+    /// A handle that waits for the node's watch to have listed.
+    pub fn listing(&self) -> NodeListing {
+        NodeListing {
+            index: self.index.clone(),
+            node: self.node.clone(),
+        }
+    }
+}
+
+/// Whether one node's pod watch has listed ([`NodePodChanges::listing`]).
+pub struct NodeListing {
+    index: PodIndex,
+    node: String,
+}
+
+impl NodeListing {
+    /// Waits until the node's watch has listed its pods once.
+    pub async fn wait(&self) {
+        while !self
+            .index
+            .listed_within(&self.node, Duration::from_secs(3600))
+            .await
+        {}
+    }
 }
 
 impl Drop for NodePods {
@@ -333,6 +405,7 @@ impl Drop for NodePods {
         *count = count.saturating_sub(1);
         if *count == 0 {
             watchers.remove(&self.node);
+            lock(&index.subscribers).remove(&self.node);
             write(&index.listed).remove(&self.node);
             write(&index.routes).retain(|_, r| r.node_name != self.node);
         }

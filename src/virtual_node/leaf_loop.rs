@@ -429,18 +429,22 @@ impl Controller {
                 _ => return,
             };
             tracing::debug!(leaf = %leaf.name, "running the leaf's pods: this replica writes its node");
-            side.pods_run = Some(LeafPodSync::start(pod_sync::Context {
-                root: self.root.clone(),
-                leaf: leaf.clone(),
-                node_taints: leaf
-                    .node_taints
-                    .clone()
-                    .unwrap_or_else(|| vec![desired::default_taint()]),
-                owner: self.owner.clone(),
-                marker,
-                host_ip: self.config.leaf_node_ip.to_string(),
-                metrics: self.metrics.clone(),
-            }));
+            let root_pods = side.pods.changes();
+            side.pods_run = Some(LeafPodSync::start(
+                pod_sync::Context {
+                    root: self.root.clone(),
+                    leaf: leaf.clone(),
+                    node_taints: leaf
+                        .node_taints
+                        .clone()
+                        .unwrap_or_else(|| vec![desired::default_taint()]),
+                    owner: self.owner.clone(),
+                    marker,
+                    host_ip: self.config.leaf_node_ip.to_string(),
+                    metrics: self.metrics.clone(),
+                },
+                root_pods,
+            ));
         } else if !wanted && side.pods_run.is_some() {
             side.pods_run = None;
         }

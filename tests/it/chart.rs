@@ -538,6 +538,7 @@ fn expected_permissions(
     webhook: bool,
     cluster_ca: bool,
     leader: bool,
+    pod_sync: bool,
     leaf_ns: &str,
 ) -> BTreeSet<Grant> {
     let mut g = Vec::new();
@@ -550,6 +551,11 @@ fn expected_permissions(
     ));
     g.extend(grant("*", "", "nodes/status", "", &["patch"]));
     g.extend(grant("*", "", "pods", "", &["get", "list", "watch"]));
+    if pod_sync {
+        // src/pod_sync: the pods' status written, a deleted pod removed once its copy is gone.
+        g.extend(grant("*", "", "pods/status", "", &["update"]));
+        g.extend(grant("*", "", "pods", "", &["delete"]));
+    }
     if webhook {
         g.extend(grant(
             "*",
@@ -995,6 +1001,7 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     assert_eq!(r.env_value("EXTEND_WEBSOCKETS_TO_KUBELET"), Some("true"));
     assert_eq!(r.env_value("LEAF_MAX_PODS"), Some("150000"));
     assert_eq!(r.env_value("LEAF_MAX_NODES"), Some("5000"));
+    assert_eq!(r.env_value("LEAF_POD_SYNC"), Some("true"));
     assert_eq!(r.env_value("LEAF_POD_MATCH"), Some("root-uid"));
     assert!(r.env("LEAF_POD_MARKER").is_none());
     assert_eq!(r.env_value("AUTH_MODE"), Some("webhook"));
@@ -1010,7 +1017,7 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     assert!(r.network_policies.is_empty() && r.secrets.is_empty());
     assert_eq!(
         r.permissions(),
-        expected_permissions(true, true, true, NAMESPACE)
+        expected_permissions(true, true, true, true, NAMESPACE)
     );
 }
 
@@ -1128,6 +1135,7 @@ fn existing_secrets_x509_and_leaf_clusters_from_values() {
     );
     let leaf_ns = values["leafSecretNamespace"].as_str().unwrap();
     assert_eq!(r.env_value("LEAF_SECRET_NAMESPACE"), Some(leaf_ns));
+    assert_eq!(r.env_value("LEAF_POD_SYNC"), Some("false"));
     assert_eq!(
         r.env_value("LEAF_POD_MATCH"),
         values["leafPods"]["match"].as_str()
@@ -1138,7 +1146,7 @@ fn existing_secrets_x509_and_leaf_clusters_from_values() {
     );
     assert_eq!(
         r.permissions(),
-        expected_permissions(false, false, true, leaf_ns)
+        expected_permissions(false, false, true, false, leaf_ns)
     );
 
     let port = values["nodeServer"]["port"].as_i64().unwrap();
@@ -1329,7 +1337,7 @@ fn a_single_replica_has_no_election_and_no_disruption_budget() {
     assert!(r.pdbs.is_empty());
     assert_eq!(
         r.permissions(),
-        expected_permissions(true, true, false, NAMESPACE)
+        expected_permissions(true, true, false, true, NAMESPACE)
     );
 }
 
@@ -1480,10 +1488,39 @@ fn plain_manifests_are_the_chart_rendered_with_default_values() {
     check_invariants(&r, "deploy/relaylet.yaml");
 }
 
+/// What relaylet calls in a leaf (src/leaf, src/relay, src/virtual_node,
+/// src/node_server/resource_metrics, and with pod sync src/pod_sync).
+fn leaf_permissions(pod_sync: bool) -> BTreeSet<Grant> {
+    let mut want = Vec::new();
+    want.extend(grant("*", "", "pods", "", &["get", "list", "watch"]));
+    for sub in ["pods/exec", "pods/attach", "pods/portforward"] {
+        want.extend(grant("*", "", sub, "", &["get", "create"]));
+    }
+    want.extend(grant("*", "", "pods/log", "", &["get"]));
+    want.extend(grant("*", "", "nodes", "", &["get", "list", "watch"]));
+    want.extend(grant("*", "metrics.k8s.io", "pods", "", &["get", "list"]));
+    if pod_sync {
+        want.extend(grant("*", "", "pods", "", &["create", "patch", "delete"]));
+        want.extend(grant("*", "", "pods/ephemeralcontainers", "", &["patch"]));
+        want.extend(grant("*", "", "namespaces", "", &["get", "create"]));
+        want.extend(grant("*", "", "serviceaccounts", "", &["get", "create"]));
+    }
+    want.into_iter().collect()
+}
+
 #[test]
-fn leaf_rbac_grants_exactly_the_calls_relaylet_relays() {
-    let text = std::fs::read_to_string(repo().join("deploy/leaf-rbac.yaml")).unwrap();
-    let r = Rendered::parse(&text);
+fn leaf_rbac_grants_exactly_the_calls_relaylet_makes() {
+    for (file, pod_sync) in [
+        ("deploy/leaf-rbac.yaml", true),
+        ("deploy/leaf-rbac-exec-only.yaml", false),
+    ] {
+        let text = std::fs::read_to_string(repo().join(file)).unwrap();
+        check_leaf_rbac(&text, &leaf_permissions(pod_sync), file);
+    }
+}
+
+fn check_leaf_rbac(text: &str, want: &BTreeSet<Grant>, file: &str) {
+    let r = Rendered::parse(text);
     assert_eq!(r.namespaces.len(), 1);
     let ns = r.namespaces[0].metadata.name.clone().unwrap();
     let sa = &r.service_accounts[0];
@@ -1509,15 +1546,7 @@ fn leaf_rbac_grants_exactly_the_calls_relaylet_relays() {
         .find(|cr| cr.metadata.name.as_deref() == Some(binding.role_ref.name.as_str()))
         .unwrap();
     add_grants(&mut grants, "*", role.rules.iter().flatten());
-    let mut want = Vec::new();
-    want.extend(grant("*", "", "pods", "", &["get", "list", "watch"]));
-    for sub in ["pods/exec", "pods/attach", "pods/portforward"] {
-        want.extend(grant("*", "", sub, "", &["get", "create"]));
-    }
-    want.extend(grant("*", "", "pods/log", "", &["get"]));
-    want.extend(grant("*", "", "nodes", "", &["get", "list", "watch"]));
-    want.extend(grant("*", "metrics.k8s.io", "pods", "", &["get", "list"]));
-    assert_eq!(grants, want.into_iter().collect::<BTreeSet<_>>());
+    assert_eq!(&grants, want, "{file}");
     for (_, group, resource, name, verb) in &grants {
         assert!(
             ![group, resource, name, verb]

@@ -46,6 +46,9 @@ fn settings() -> Settings {
                 ])
                 .namespaces(&[TEAM]),
         ],
+        // The proof holds whoever syncs: here the test plays the syncer (`sandbox::sync_pod`),
+        // so it decides which leaf pods exist.
+        env: BTreeMap::from([("LEAF_POD_SYNC".to_string(), "false".to_string())]),
         ..Settings::default()
     }
 }

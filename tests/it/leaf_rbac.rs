@@ -1,9 +1,11 @@
 //! The leaf-side RBAC relaylet ships (`deploy/leaf-rbac.yaml`) is sufficient and minimal: the
 //! sandbox's leaves enforce exactly its ClusterRole (so every other end-to-end test proves it
-//! sufficient), and removing any relay rule makes the matching kubectl call fail with the leaf's
-//! clear 403, passed through relaylet unchanged. The namespaced variant
-//! (`deploy/leaf-rbac-namespaced.yaml`) grants the same calls, with the streams split off into a
-//! role that only RoleBindings name; `tests/real/k8s_leaf_policy.rs` proves it on a real leaf
+//! sufficient: relaylet runs the sandbox's pods with it), and removing any relay rule makes the
+//! matching kubectl call fail with the leaf's clear 403, passed through relaylet unchanged. The
+//! exec-only variant (`deploy/leaf-rbac-exec-only.yaml`, for another syncer) grants the relay
+//! alone. The namespaced variant (`deploy/leaf-rbac-namespaced.yaml`) grants the same calls but
+//! namespaces, with the streams and the pod writes split off into a role that only
+//! RoleBindings name; `tests/real/k8s_leaf_policy.rs` proves it on a real leaf
 //! apiserver (streams in a bound namespace work, elsewhere the leaf's 403).
 
 use relaylet_dev::testkit as support;
@@ -64,6 +66,28 @@ fn the_manifest_grants_exactly_what_relaylet_uses() {
     assert_eq!(
         grants,
         [
+            // Running the root pods' copies: their namespaces and service accounts made when
+            // missing, the pods created, updated and deleted, kubectl debug's containers added.
+            "/namespaces:create,get",
+            "/nodes:get,list,watch",
+            "/pods/attach:create,get",
+            "/pods/ephemeralcontainers:patch",
+            "/pods/exec:create,get",
+            "/pods/log:get",
+            "/pods/portforward:create,get",
+            "/pods:create,delete,get,list,patch,watch",
+            "/serviceaccounts:create,get",
+            "metrics.k8s.io/pods:get,list",
+        ]
+    );
+    // With another syncer (LEAF_POD_SYNC=false): the relay's reads and streams, no writes.
+    let exec_only = std::fs::read_to_string(
+        relaylet_dev::workspace_root().join("deploy/leaf-rbac-exec-only.yaml"),
+    )
+    .unwrap();
+    assert_eq!(
+        grants_of(&cluster_role_rules(&exec_only)),
+        [
             "/nodes:get,list,watch",
             "/pods/attach:create,get",
             "/pods/exec:create,get",
@@ -73,6 +97,37 @@ fn the_manifest_grants_exactly_what_relaylet_uses() {
             "metrics.k8s.io/pods:get,list",
         ]
     );
+}
+
+/// The rules of the ClusterRoles in manifest `text`.
+fn cluster_role_rules(text: &str) -> Vec<PolicyRule> {
+    let mut rules = Vec::new();
+    for document in text.split("\n---\n") {
+        let value: serde_json::Value = serde_saphyr::from_str(document).unwrap();
+        if value["kind"].as_str() == Some("ClusterRole") {
+            let role: k8s_openapi::api::rbac::v1::ClusterRole =
+                serde_json::from_value(value).unwrap();
+            rules.extend(role.rules.unwrap_or_default());
+        }
+    }
+    rules
+}
+
+/// Each resource's verbs, whichever rules grant them.
+fn verbs_by_resource(
+    rules: &[PolicyRule],
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut out: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for r in rules {
+        let group = r.api_groups.clone().unwrap_or_default().join(",");
+        for res in r.resources.clone().unwrap_or_default() {
+            out.entry(format!("{group}/{res}"))
+                .or_default()
+                .extend(r.verbs.iter().cloned());
+        }
+    }
+    out
 }
 
 #[test]
@@ -168,10 +223,13 @@ fn the_namespaced_manifest_grants_the_same_calls_with_streams_only_per_namespace
             .and_then(|r| r.rules.clone())
             .unwrap_or_else(|| panic!("ClusterRole {name}"))
     };
-    // Together, exactly what the cluster-wide manifest grants: nothing lost, nothing added.
+    // Together, what the cluster-wide manifest grants but namespaces (the administrator makes
+    // them): nothing else lost, nothing added.
     let mut all = role("relaylet-leaf-read");
     all.extend(role("relaylet-leaf-streams"));
-    assert_eq!(grants_of(&all), grants_of(&leaf_rbac_rules().unwrap()));
+    let mut cluster_wide = verbs_by_resource(&leaf_rbac_rules().unwrap());
+    cluster_wide.remove("/namespaces");
+    assert_eq!(verbs_by_resource(&all), cluster_wide);
     assert_eq!(roles.len(), 2);
     // Cluster-wide: the reads only; the streams role is left to per-namespace RoleBindings.
     assert_eq!(
@@ -186,9 +244,12 @@ fn the_namespaced_manifest_grants_the_same_calls_with_streams_only_per_namespace
         grants_of(&role("relaylet-leaf-streams")),
         [
             "/pods/attach:create,get",
+            "/pods/ephemeralcontainers:patch",
             "/pods/exec:create,get",
             "/pods/log:get",
             "/pods/portforward:create,get",
+            "/pods:create,delete,patch",
+            "/serviceaccounts:create,get",
         ]
     );
     let bound: Vec<&str> = bindings.iter().map(|b| b.role_ref.name.as_str()).collect();

@@ -28,6 +28,7 @@ mod memory_caps;
 mod metrics;
 mod namespace_caps;
 mod node_reads;
+mod pod_sync;
 mod root_connections;
 mod security;
 mod shutdown;

@@ -76,6 +76,8 @@ async fn root_cluster() -> Cluster {
 async fn start_relaylet(root: &Cluster) -> (relaylet::Running, Shutdown) {
     let env: BTreeMap<String, String> = BTreeMap::from([
         ("LEAF_NODE_IP".into(), "127.0.0.1".into()),
+        // The test makes the leaf copies itself, as another syncer would.
+        ("LEAF_POD_SYNC".into(), "false".into()),
         ("NODE_SERVER_PORT".into(), "0".into()),
         ("METRICS_ADDR".into(), "127.0.0.1:0".into()),
         ("AUTH_MODE".into(), "webhook".into()),

@@ -1017,12 +1017,20 @@ async fn replicas_share_the_nodes_and_hand_them_over_on_crash_and_shutdown() {
     .expect("test timed out");
 }
 
-/// The watches of `leaf`'s nodes and pods open now at its apiserver.
+/// The watches of `leaf`'s nodes and of all its pods open now at its apiserver (the Node's
+/// capacity and health come from them).
 fn leaf_watches(leaf: &Cluster) -> (u64, u64) {
     (
         leaf.api.open_watches("/api/v1/nodes"),
-        leaf.api.open_watches("/api/v1/pods"),
+        leaf.api.open_watches("/api/v1/pods")
+            - leaf.api.open_watches("/api/v1/pods?labelSelector="),
     )
+}
+
+/// The watches of the pods relaylet runs in `leaf` (its copies, by their labels) open now.
+fn copy_watches(leaf: &Cluster) -> u64 {
+    leaf.api
+        .open_watches("/api/v1/pods?labelSelector=relaylet.io")
 }
 
 /// `relaylet_leaves_served` of `replica`: the leaves it runs.
@@ -1044,7 +1052,8 @@ fn root_pod_watches(root: &Cluster, node: &str) -> u64 {
 
 /// Waits until every leaf in `leaves` (leaf, its Node) is watched by exactly one replica: one
 /// watch of its nodes and one of its pods more than `baseline` (what the leaf's own kubelet
-/// stand-in watches), the root pods on its Node by one watch, and each replica of `replicas`
+/// stand-in watches) and one of the pods relaylet runs there, the root pods on its Node by one
+/// watch, and each replica of `replicas`
 /// runs exactly the leaves whose Nodes `owners` says it serves, and listens on their nodes'
 /// ports alone.
 async fn each_leaf_watched_once(
@@ -1095,7 +1104,13 @@ async fn each_leaf_watched_once(
                     nodes.push(node.clone());
                 }
             }
+            // The Node's writer alone runs the leaf's pods: one watch of its copies.
+            let copies: Vec<(&str, u64)> = leaves
+                .iter()
+                .map(|(l, node)| (node.as_str(), copy_watches(l)))
+                .collect();
             if extra.iter().all(|(_, n, p)| (*n, *p) == (1, 1))
+                && copies.iter().all(|(_, w)| *w == 1)
                 && root_watches.iter().all(|(_, w)| *w == 1)
                 && served == expected
                 && ports == expected_ports
@@ -1103,7 +1118,7 @@ async fn each_leaf_watched_once(
                 return;
             }
             last = format!(
-                "replica watches per leaf (node, nodes, pods): {extra:?}; root pod watches per node: {root_watches:?}; leaves served: {served:?}, expected {expected:?}; node ports: {ports:?}, expected {expected_ports:?}"
+                "replica watches per leaf (node, nodes, pods): {extra:?}; watches of its copies: {copies:?}; root pod watches per node: {root_watches:?}; leaves served: {served:?}, expected {expected:?}; node ports: {ports:?}, expected {expected_ports:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -1250,7 +1265,8 @@ async fn a_takeover_before_the_leaf_lists_keeps_the_node_ready_and_its_capacity(
                 let watching: Vec<f64> = replicas.values().map(leaves_served).collect();
                 (watching.iter().sum::<f64>() == 1.0
                     && leaves_served(&replicas[writer.as_str()]) == 1.0
-                    && leaf_watches(&leaf) == (1, 1))
+                    && leaf_watches(&leaf) == (1, 1)
+                    && copy_watches(&leaf) == 1)
                     .then_some(())?;
                 Some((writer, allocatable(&node, "cpu")?))
             },

@@ -937,6 +937,8 @@ impl Replica {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("KUBECONFIG", &fleet.kubeconfig)
             .env("LEAF_NODE_IP", ip.to_string())
+            // The fleet's leaf pods are made by the benchmark, as another syncer would.
+            .env("LEAF_POD_SYNC", "false")
             .env("NODE_SERVER_PORT", fleet.port.to_string())
             .env("NODE_PORTS", fleet.node_ports().to_string())
             .env("AUTH_MODE", "webhook")

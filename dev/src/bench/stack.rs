@@ -344,6 +344,8 @@ async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProc
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("KUBECONFIG", &kubeconfig)
         .env("LEAF_NODE_IP", "127.0.0.1")
+        // The benchmark makes its leaf pods itself, as another syncer would.
+        .env("LEAF_POD_SYNC", "false")
         .env("NODE_SERVER_PORT", port.to_string())
         .env("AUTH_MODE", "webhook")
         .env("APISERVER_CERT_LOCATION", &cert)

@@ -9,9 +9,8 @@
 //!   certificate from files, the client CA read from the root), given the leaves as labelled
 //!   kubeconfig Secrets, with its own least-privilege identity in each cluster;
 //! - demo pods `demo-1` (leaf-1) and `demo-2` (leaf-2), container `main` logging a line a second
-//!   and serving HTTP on container port 8080, shown in the root on virtual nodes;
-//! - a syncer stand-in that carries `kubectl debug`'s ephemeral containers from root pods to
-//!   their leaf copies and their statuses back up;
+//!   and serving HTTP on container port 8080, created in the root on the virtual nodes and run
+//!   in the leaves by relaylet, as a user's pods are;
 //! - a metrics-server stand-in in every cluster, so `kubectl top` shows the processes' real CPU
 //!   and memory through the production path: leaf kubelets' `/metrics/resource` → the leaf's
 //!   `metrics.k8s.io` → relaylet's `/metrics/resource` per virtual node → the root's
@@ -179,8 +178,6 @@ pub struct Sandbox {
     pub proxies: HashMap<String, TestProxy>,
     /// The clusters' metrics-server stand-ins (stopped when dropped).
     _metrics_servers: Vec<MetricsServer>,
-    /// Stops the syncer's work on placed pods (ephemeral containers down, statuses up).
-    _syncer: tokio_util::sync::DropGuard,
     files: tempfile::TempDir,
 }
 
@@ -316,18 +313,6 @@ impl Sandbox {
                 metrics_servers.push(cluster.start_metrics_server(resolution)?);
             }
         }
-        let syncer = tokio_util::sync::CancellationToken::new();
-        relaylet_sim::syncer::watch(
-            root.api.store().clone(),
-            leaves
-                .iter()
-                .map(|(name, leaf)| relaylet_sim::syncer::Leaf {
-                    virtual_node: config.node_name(name),
-                    store: leaf.api.store().clone(),
-                })
-                .collect(),
-            syncer.clone(),
-        );
         let sandbox = Sandbox {
             root,
             leaves,
@@ -336,7 +321,6 @@ impl Sandbox {
             shutdown,
             proxies,
             _metrics_servers: metrics_servers,
-            _syncer: syncer.drop_guard(),
             files,
         };
         for (index, name) in settings.leaves.iter().enumerate() {
@@ -383,14 +367,27 @@ impl Sandbox {
         }
     }
 
-    /// Shows `pod` in the root on leaf `leaf`'s virtual node and runs its copy in the leaf, as a
-    /// multi-cluster syncer would: the root pod first, then the leaf copy marked with the root
-    /// pod's UID (`counterpart::ROOT_UID_MARKER`).
+    /// Creates `pod` in the root bound to leaf `leaf`'s virtual node, as a user (or a
+    /// controller the root's scheduler placed) would: relaylet runs it in the leaf. With
+    /// `LEAF_POD_SYNC=false` it plays the other syncer too: the root pod is shown and its copy
+    /// made in the leaf, marked with the root pod's UID ([`sync_pod`]).
     pub async fn add_pod(&self, leaf: &str, pod: &SimPod) -> anyhow::Result<()> {
         let cluster = self
             .leaves
             .get(leaf)
             .ok_or_else(|| anyhow::anyhow!("no leaf {leaf} in the sandbox"))?;
+        if self.config.leaf_pod_sync {
+            let admin = kube_client(&self.root.admin_kubeconfig()?).await?;
+            let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+                kube::Api::namespaced(admin, &pod.namespace);
+            pods.create(
+                &Default::default(),
+                &root_pod(pod, &self.config.node_name(leaf))?,
+            )
+            .await
+            .with_context(|| format!("creating pod {}/{} in the root", pod.namespace, pod.name))?;
+            return Ok(());
+        }
         sync_pod(
             &self.root,
             &self.config.node_name(leaf),
@@ -512,6 +509,38 @@ pub async fn sync_pod(
     );
     leaf.add_pod(leaf_node, &copy).await?;
     Ok(())
+}
+
+/// `pod` as a user writes it, bound to virtual node `node` (the sandbox's root has no
+/// scheduler).
+pub fn root_pod(pod: &SimPod, node: &str) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
+    let containers: Vec<serde_json::Value> = pod
+        .containers
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "name": c.name,
+                "image": "busybox:1.36",
+                "command": c.command,
+                "env": c.env.iter().map(|(k, v)| serde_json::json!({"name": k, "value": v})).collect::<Vec<_>>(),
+                "ports": c.ports.iter().map(|p| serde_json::json!({"containerPort": p})).collect::<Vec<_>>(),
+                "resources": {"requests": c.requests},
+                "stdin": c.stdin,
+                "tty": c.tty,
+            })
+        })
+        .collect();
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": pod.namespace,
+            "labels": pod.labels,
+            "annotations": pod.annotations,
+        },
+        "spec": {"nodeName": node, "containers": containers},
+    }))?)
 }
 
 /// The demo pod: logs a line a second and serves HTTP on container port 8080.

@@ -267,11 +267,18 @@ async fn resource(
             let watch = watch_request(&target, &query, render)?;
             // Counted by path and field selector (`?fieldSelector=spec.nodeName=n`), so a test
             // can tell one node's pod watch from another's.
-            let path = match query.get("fieldSelector") {
-                Some(fields) if !fields.is_empty() => {
-                    format!("{}?fieldSelector={fields}", req.uri().path())
-                }
-                _ => req.uri().path().to_string(),
+            // Counted under the path and its selectors, so tests can tell watches apart.
+            let selectors: Vec<String> = ["fieldSelector", "labelSelector"]
+                .into_iter()
+                .filter_map(|name| {
+                    let value = query.get(name).filter(|v| !v.is_empty())?;
+                    Some(format!("{name}={value}"))
+                })
+                .collect();
+            let path = if selectors.is_empty() {
+                req.uri().path().to_string()
+            } else {
+                format!("{}?{}", req.uri().path(), selectors.join("&"))
             };
             let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
             let body = watch::serve(

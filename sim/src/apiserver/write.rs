@@ -377,6 +377,29 @@ pub(super) fn delete(
             return Err(Failure::conflict(kind, &target.name));
         }
     }
+    if kind.group.is_empty() && kind.kind == "Pod" {
+        let live = store.store.get(kind, &target.namespace, &target.name)?;
+        let period = pod_grace_period(&live, options);
+        if period > 0 {
+            // Graceful: the pod stays, marked, until its kubelet has stopped it and deletes it
+            // with grace 0 (upstream's `CheckGracefulDelete` and `BeforeDelete`).
+            let marked = store.modify(kind, &target.namespace, &target.name, |live| {
+                let mut next = live.clone();
+                let deadline = k8s_openapi::jiff::Timestamp::now()
+                    + k8s_openapi::jiff::SignedDuration::from_secs(period);
+                let earlier = next["metadata"]["deletionGracePeriodSeconds"]
+                    .as_i64()
+                    .is_some_and(|set| set <= period);
+                if !earlier {
+                    next["metadata"]["deletionTimestamp"] =
+                        json!(crate::apiserver::clock::format(deadline));
+                    next["metadata"]["deletionGracePeriodSeconds"] = json!(period);
+                }
+                Ok(next)
+            })?;
+            return Ok(json_response(StatusCode::OK, &marked));
+        }
+    }
     let gone = store.delete(
         kind,
         &target.namespace,
@@ -401,6 +424,23 @@ pub(super) fn delete(
             "details": details,
         }),
     ))
+}
+
+/// A pod's deletion grace period, as upstream's pod strategy decides it: the request's, else
+/// the pod's own; 0 for a pod not bound to a node or already finished (they go at once).
+fn pod_grace_period(pod: &Value, options: &Value) -> i64 {
+    let asked = options["gracePeriodSeconds"]
+        .as_i64()
+        .or_else(|| pod["spec"]["terminationGracePeriodSeconds"].as_i64())
+        .unwrap_or(0);
+    let bound = pod["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty());
+    let finished = matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    );
+    if !bound || finished { 0 } else { asked.max(0) }
 }
 
 pub(super) fn delete_collection(

@@ -205,6 +205,11 @@ impl Instance {
     pub fn kill(&self) {
         self.group.kill();
     }
+
+    /// Asks the process and everything it started to stop (SIGTERM).
+    pub fn terminate(&self) {
+        self.group.terminate();
+    }
 }
 
 impl Drop for Instance {

@@ -157,6 +157,34 @@ impl Kubelet {
         self.shared.pods.remove(namespace, name);
     }
 
+    /// Stops the pod as the kubelet does when it is deleted: SIGTERM to every container, up to
+    /// `grace` for them to exit, SIGKILL to what is left; then forgets it.
+    pub async fn stop_pod(&self, namespace: &str, name: &str, grace: Duration) {
+        let Some(pod) = self.shared.pods.get(namespace, name) else {
+            return;
+        };
+        let running: Vec<_> = pod.containers.iter().filter_map(|c| c.current()).collect();
+        for instance in &running {
+            instance.terminate();
+        }
+        let all_exited = async {
+            for instance in &running {
+                let mut alive = instance.running();
+                let _ = alive.wait_for(|r| !*r).await;
+            }
+        };
+        let _ = tokio::time::timeout(grace, all_exited).await;
+        self.shared.pods.remove(namespace, name);
+    }
+
+    /// Whether this kubelet runs pod `uid` as `namespace/name`.
+    pub fn runs(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.shared
+            .pods
+            .get(namespace, name)
+            .is_some_and(|p| p.uid == uid)
+    }
+
     /// Kills a container's main process and starts a new instance; the old log becomes the
     /// `previous` one.
     pub async fn restart_container(

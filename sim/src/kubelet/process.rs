@@ -124,6 +124,14 @@ impl ProcessGroup {
             let _ = killpg(pgid, Signal::SIGKILL);
         }
     }
+
+    /// Asks the process and everything it started to stop (SIGTERM), as a runtime stops a
+    /// container before its grace period runs out.
+    pub fn terminate(&self) {
+        if let Some(pgid) = self.pgid {
+            let _ = killpg(pgid, Signal::SIGTERM);
+        }
+    }
 }
 
 impl Drop for ProcessGroup {

@@ -44,6 +44,9 @@ pub struct Setup {
     pub env: &'static [(&'static str, &'static str)],
     /// Chart values (`helm template --set`) for the RBAC and env relaylet gets.
     pub chart_values: &'static [&'static str],
+    /// relaylet runs the virtual nodes' pods in the leaves (`podSync.enabled`); off, the test
+    /// plays the other syncer ([`World::sync_pod`]).
+    pub pod_sync: bool,
     /// The root apiserver verifies kubelet serving certificates against its CA.
     pub verify_kubelet_certificates: bool,
     /// Each replica is a Pod object in the root (status.podIP = its address) and authenticates
@@ -85,6 +88,7 @@ impl Default for Setup {
             leaves: &["leaf-1"],
             env: &[],
             chart_values: &[],
+            pod_sync: false,
             verify_kubelet_certificates: false,
             replica_pods: false,
             wait_for_nodes: true,
@@ -176,7 +180,11 @@ impl World {
             },
         );
         root.kubectl_ok(&["create", "namespace", RELAYLET_NAMESPACE]);
-        let sets = chart_sets(setup.chart_values);
+        let mut sets = chart_sets(setup.chart_values);
+        sets.extend([
+            "--set".to_string(),
+            format!("podSync.enabled={}", setup.pod_sync),
+        ]);
         if !chart {
             // relaylet's ServiceAccount and RBAC exactly as the chart renders them.
             let mut show = vec![
