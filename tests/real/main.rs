@@ -15,3 +15,4 @@ mod k8s_websockets;
 mod leaf_konnectivity;
 mod node;
 mod node_chart;
+mod pod_sync;

@@ -212,7 +212,10 @@ impl World {
                 Options {
                     name: name.to_string(),
                     preferred_address_types: "InternalIP,Hostname".into(),
-                    controller_manager: false,
+                    // Pods relaylet runs there need what every real cluster has: service
+                    // accounts, their tokens and the root CA ConfigMap (the controller-manager),
+                    // and a scheduler for the copies (below).
+                    controller_manager: setup.pod_sync,
                     verify_kubelet_certificates: false,
                     version: setup.leaf_version,
                     // The real node's kubelet reaches its apiserver on the host's end, and so
@@ -236,6 +239,9 @@ impl World {
                     real_nodes.insert(name.to_string(), node);
                 }
                 None => leaf.add_kubelet(&leaf_node(name), setup.declaring_leaves.contains(name)),
+            }
+            if setup.pod_sync {
+                leaf.start_scheduler(&super::real_node::built().1.join("kube-scheduler"));
             }
             let server: Vec<String> = match pods_reach {
                 Some(ip) => vec![

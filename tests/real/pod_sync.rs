@@ -1,0 +1,434 @@
+//! Pods that run, as they ship: relaylet installed by the chart from the image (two replicas on
+//! a real root node), a real leaf whose node is the real kubelet with containerd, a real
+//! kube-scheduler and controller-manager on both sides. Workloads a user writes in the root run
+//! in the leaf's containers: a Deployment with an init container becomes Running and Ready,
+//! `kubectl exec` and `logs -f` reach its pods, scaling down deletes their copies, a deleted pod
+//! gets SIGTERM within its grace before the root pod goes, a container that crashes shows its
+//! restarts, a copy deleted in the leaf fails its root pod and the ReplicaSet replaces it, a
+//! Job completes, host access is refused, and killing the replica that serves the Node during
+//! a rollout leaves no duplicate and no orphan in the leaf.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use relaylet_dev::testkit as support;
+use support::realk8s::harness::K8s;
+use support::realk8s::real_node::BUSYBOX_IMAGE;
+use support::realk8s::world::{RELAYLET_NAMESPACE, Setup, World, virtual_node};
+use support::{Run, describe, eventually, text};
+
+const LEAF: &str = "leaf-1";
+
+fn world() -> &'static World {
+    static WORLD: OnceLock<World> = OnceLock::new();
+    WORLD.get_or_init(|| {
+        World::start(Setup {
+            leaves: &[LEAF],
+            real_node_leaves: &[LEAF],
+            replicas: 0,
+            helm_replicas: 2,
+            pod_sync: true,
+            root_version: K8s::V1_35,
+            leaf_version: K8s::V1_35,
+            ..Setup::default()
+        })
+    })
+}
+
+/// The tests that change relaylet's pods or count the leaf's take the world alone.
+static ALONE: Mutex<()> = Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a workload's pods look like: placed on the virtual node (its label and taint), a
+/// busybox container that logs a tick a second and says when it gets SIGTERM.
+fn template(labels: &str, extra: &str) -> String {
+    format!(
+        r#"    metadata:
+      labels: {{{labels}}}
+    spec:
+      nodeSelector: {{type: virtual-kubelet}}
+      tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists, effect: NoSchedule}}]
+      terminationGracePeriodSeconds: 20
+{extra}"#
+    )
+}
+
+fn busybox(script: &str) -> String {
+    format!(
+        r#"        - name: main
+          image: {BUSYBOX_IMAGE}
+          imagePullPolicy: Never
+          command: [sh, -c, "{script}"]
+"#
+    )
+}
+
+const TICKS: &str = "trap 'echo got TERM; exit 0' TERM; i=0; while true; do echo tick $i; i=$((i+1)); sleep 1 & wait $!; done";
+
+/// The Deployment: an init container writes a file the main container reads and its readiness
+/// probe checks.
+fn deployment(name: &str, replicas: u32) -> String {
+    let script = format!("cat /work/init; {TICKS}");
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+{}"#,
+        template(
+            &format!("app: {name}"),
+            &format!(
+                r#"      initContainers:
+        - name: init
+          image: {BUSYBOX_IMAGE}
+          imagePullPolicy: Never
+          command: [sh, -c, "echo initialized > /work/init"]
+          volumeMounts: [{{name: work, mountPath: /work}}]
+      containers:
+{}          volumeMounts: [{{name: work, mountPath: /work}}]
+          readinessProbe: {{exec: {{command: [cat, /work/init]}}, periodSeconds: 1}}
+      volumes: [{{name: work, emptyDir: {{}}}}]
+"#,
+                busybox(&script)
+            )
+        )
+    )
+}
+
+/// `kubectl get <what> -o jsonpath=<path>` in the root (or, with `leaf`, in the leaf).
+fn get(w: &World, leaf: bool, args: &[&str], path: &str) -> String {
+    let jsonpath = format!("jsonpath={path}");
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", &jsonpath]);
+    let plane = if leaf { w.leaf(LEAF) } else { &w.root };
+    plane.kubectl_ok(&all).trim().to_string()
+}
+
+/// The pods with label `selector` in the root: (name, uid, phase, ready) per pod not being
+/// deleted.
+fn root_pods(w: &World, selector: &str) -> Vec<(String, String, String, String)> {
+    get(
+        w,
+        false,
+        &["pods", "-l", selector],
+        "{range .items[*]}{.metadata.name} {.metadata.uid} {.status.phase} {.status.conditions[?(@.type==\"Ready\")].status} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+    )
+    .lines()
+    .filter_map(|l| {
+        let p: Vec<&str> = l.split_whitespace().collect();
+        (p.len() == 4).then(|| (p[0].into(), p[1].into(), p[2].into(), p[3].into()))
+    })
+    .collect()
+}
+
+/// relaylet's copies in the leaf: (name, the root pod UID it stands for, its node, its first
+/// container's ID).
+fn copies(w: &World, selector: &str) -> Vec<(String, String, String, String)> {
+    let selector = format!("relaylet.io/node={},{selector}", virtual_node(LEAF));
+    get(
+        w,
+        true,
+        &["pods", "-l", &selector],
+        "{range .items[*]}{.metadata.name} {.metadata.annotations.relaylet\\.io/root-pod-uid} {.spec.nodeName} {.status.containerStatuses[0].containerID}{\"\\n\"}{end}",
+    )
+    .lines()
+    .map(|l| {
+        let p: Vec<&str> = l.split_whitespace().collect();
+        let at = |i: usize| p.get(i).copied().unwrap_or_default().to_string();
+        (at(0), at(1), at(2), at(3))
+    })
+    .collect()
+}
+
+#[test]
+fn a_deployment_runs_in_the_leafs_containers_and_kubectl_reaches_it() {
+    let w = world();
+    let _alone = alone();
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&deployment("web", 3)));
+    eventually("three pods Running and Ready in the root", || {
+        let pods = root_pods(w, "app=web");
+        pods.len() == 3 && pods.iter().all(|p| p.2 == "Running" && p.3 == "True")
+    });
+    // Each runs in a real container on the real leaf node, as its root pod's copy.
+    let roots: BTreeSet<(String, String)> = root_pods(w, "app=web")
+        .into_iter()
+        .map(|p| (p.0, p.1))
+        .collect();
+    let leaf: Vec<_> = copies(w, "app=web");
+    assert_eq!(
+        leaf.iter()
+            .map(|c| (c.0.clone(), c.1.clone()))
+            .collect::<BTreeSet<_>>(),
+        roots,
+        "one copy per root pod, marked with its UID"
+    );
+    for (name, _, node, container) in &leaf {
+        assert_eq!(node, "leaf-1-node", "{name}");
+        assert!(
+            container.starts_with("containerd://"),
+            "{name}: {container}"
+        );
+    }
+
+    let k = support::kubectl("1.35");
+    let kubeconfig = w.root_kubeconfig();
+    let pod = roots.iter().next().unwrap().0.clone();
+    let out = Run::new(&k, kubeconfig, &["exec", &pod, "--", "cat", "/work/init"]).output();
+    assert!(out.status.success(), "{}", describe(&k, &out));
+    assert_eq!(
+        text(&out.stdout),
+        "initialized\n",
+        "the init container ran first"
+    );
+
+    // logs -f follows the container through the root, relaylet and the leaf.
+    let mut follow = std::process::Command::new(&k.path)
+        .args(["logs", "-f", &pod])
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let first_tick = lines
+        .find_map(|l| l.ok().filter(|l| l.starts_with("tick ")))
+        .expect("a tick");
+    let next = lines.next().unwrap().unwrap();
+    assert!(next.starts_with("tick "), "{first_tick} then {next}");
+    let _ = follow.kill();
+    let _ = follow.wait();
+
+    // Scaling down deletes the surplus copies in the leaf.
+    w.root
+        .kubectl_ok(&["scale", "deployment", "web", "--replicas=1"]);
+    eventually("one pod left in the root and one copy in the leaf", || {
+        root_pods(w, "app=web").len() == 1 && copies(w, "app=web").len() == 1
+    });
+    w.root
+        .kubectl_ok(&["delete", "deployment", "web", "--wait=true"]);
+    eventually("no copy left", || copies(w, "app=web").is_empty());
+}
+
+#[test]
+fn kubectl_delete_gives_the_container_its_sigterm_before_the_root_pod_goes() {
+    let w = world();
+    let _alone = alone();
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: graceful, namespace: default, labels: {{app: graceful}}}}\nspec:\n  nodeName: {}\n  terminationGracePeriodSeconds: 20\n  tolerations: [{{operator: Exists}}]\n  containers:\n{}",
+        virtual_node(LEAF),
+        busybox(TICKS)
+    );
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&manifest));
+    eventually("the pod Running", || {
+        root_pods(w, "app=graceful")
+            .first()
+            .is_some_and(|p| p.2 == "Running")
+    });
+    let k = support::kubectl("1.35");
+    let kubeconfig = w.root_kubeconfig();
+    // Its log, followed through relaylet, says when the container got SIGTERM.
+    let mut follow = std::process::Command::new(&k.path)
+        .args(["logs", "-f", "graceful"])
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let reader = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    std::thread::sleep(Duration::from_secs(2));
+    // While the root pod is deleted, it never outlives its copy.
+    let watcher = std::thread::spawn(move || {
+        let w = world();
+        for _ in 0..600 {
+            let root = !root_pods_all(w, "app=graceful").is_empty();
+            let leaf = !copies(w, "app=graceful").is_empty();
+            assert!(root || !leaf, "the root pod went before its copy");
+            if !root && !leaf {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the pod and its copy did not go");
+    });
+    let mut run = Run::new(
+        &k,
+        kubeconfig,
+        &["delete", "pod", "graceful", "--wait=true"],
+    );
+    run.timeout = Duration::from_secs(60);
+    let out = run.output();
+    assert!(out.status.success(), "{}", describe(&k, &out));
+    watcher.join().unwrap();
+    let _ = follow.wait();
+    let logged = reader.join().unwrap();
+    assert!(
+        logged.iter().any(|l| l == "got TERM"),
+        "the container handled SIGTERM within its grace: {logged:?}"
+    );
+}
+
+/// Every pod with label `selector` in the root, being deleted or not.
+fn root_pods_all(w: &World, selector: &str) -> Vec<String> {
+    get(
+        w,
+        false,
+        &["pods", "-l", selector],
+        "{.items[*].metadata.name}",
+    )
+    .split_whitespace()
+    .map(String::from)
+    .collect()
+}
+
+#[test]
+fn crashes_lost_copies_jobs_and_host_access_say_so_in_the_root() {
+    let w = world();
+    let _alone = alone();
+    let node = virtual_node(LEAF);
+    let bare = |name: &str, script: &str, spec: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: {name}}}}}\nspec:\n  nodeName: {node}\n  tolerations: [{{operator: Exists}}]\n{spec}  containers:\n{}",
+            busybox(script)
+        )
+    };
+    w.root.kubectl_stdin_ok(
+        &["apply", "-f", "-"],
+        Some(&bare("crashes", "sleep 1; exit 3", "")),
+    );
+    w.root.kubectl_stdin_ok(
+        &["apply", "-f", "-"],
+        Some(&bare("hostnet", "sleep 600", "  hostNetwork: true\n")),
+    );
+    w.root.kubectl_stdin_ok(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: once, namespace: default}}\nspec:\n  backoffLimit: 0\n  template:\n{}",
+            template("app: once", &format!("      restartPolicy: Never\n      containers:\n{}", busybox("echo done")))
+        )),
+    );
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&deployment("replaced", 1)));
+
+    eventually(
+        "the crashing container's restarts counted in the root",
+        || {
+            get(
+                w,
+                false,
+                &["pod", "crashes"],
+                "{.status.containerStatuses[0].restartCount}",
+            )
+            .parse::<i32>()
+            .is_ok_and(|n| n >= 1)
+        },
+    );
+    eventually("the host-network pod refused", || {
+        get(
+            w,
+            false,
+            &["pod", "hostnet"],
+            "{.status.phase} {.status.reason}",
+        ) == "Failed HostAccessNotAllowed"
+    });
+    assert!(copies(w, "app=hostnet").is_empty());
+    eventually("the Job complete in the root", || {
+        get(
+            w,
+            false,
+            &["job", "once"],
+            "{.status.conditions[?(@.type==\"Complete\")].status}",
+        ) == "True"
+    });
+
+    // A copy deleted in the leaf fails its root pod; the ReplicaSet replaces it.
+    eventually("the Deployment's pod Running", || {
+        root_pods(w, "app=replaced")
+            .first()
+            .is_some_and(|p| p.2 == "Running")
+    });
+    let (first, _, _, _) = root_pods(w, "app=replaced").remove(0);
+    w.leaf(LEAF)
+        .kubectl_ok(&["delete", "pod", &first, "--grace-period=0", "--force"]);
+    eventually("the lost pod Failed, a new one Running", || {
+        let reason = get(
+            w,
+            false,
+            &["pod", &first],
+            "{.status.phase} {.status.reason}",
+        );
+        let others: Vec<_> = root_pods(w, "app=replaced")
+            .into_iter()
+            .filter(|p| p.0 != first && p.2 == "Running")
+            .collect();
+        reason == "Failed LeafPodGone" && others.len() == 1
+    });
+    for what in [
+        "pod/crashes",
+        "pod/hostnet",
+        "job/once",
+        "deployment/replaced",
+    ] {
+        w.root.kubectl_ok(&["delete", what, "--wait=false"]);
+    }
+}
+
+#[test]
+fn killing_the_replica_that_serves_the_node_during_a_rollout_leaves_no_duplicate_or_orphan() {
+    let w = world();
+    let _alone = alone();
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&deployment("rolling", 3)));
+    eventually("three pods Ready", || {
+        let pods = root_pods(w, "app=rolling");
+        pods.len() == 3 && pods.iter().all(|p| p.3 == "True")
+    });
+    w.root
+        .kubectl_ok(&["rollout", "restart", "deployment/rolling"]);
+    let writer = get(
+        w,
+        false,
+        &["node", &virtual_node(LEAF)],
+        "{.metadata.annotations.relaylet\\.io/served-by}",
+    );
+    w.root.kubectl_ok(&[
+        "delete",
+        "pod",
+        &writer,
+        "-n",
+        RELAYLET_NAMESPACE,
+        "--grace-period=0",
+        "--force",
+    ]);
+    w.root
+        .kubectl_ok(&["rollout", "status", "deployment/rolling", "--timeout=180s"]);
+    // Settled: exactly one copy per root pod, none of a pod that is gone.
+    eventually("one copy per root pod and no other", || {
+        let roots: BTreeSet<(String, String)> = root_pods(w, "app=rolling")
+            .into_iter()
+            .map(|p| (p.0, p.1))
+            .collect();
+        let leaf: Vec<(String, String)> = copies(w, "app=rolling")
+            .into_iter()
+            .map(|c| (c.0, c.1))
+            .collect();
+        roots.len() == 3
+            && leaf.len() == 3
+            && leaf.iter().cloned().collect::<BTreeSet<_>>() == roots
+    });
+    w.root
+        .kubectl_ok(&["delete", "deployment", "rolling", "--wait=true"]);
+    w.wait_for_rollout();
+}
