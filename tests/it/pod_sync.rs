@@ -409,3 +409,50 @@ fn a_status_written_over_is_restored_and_a_recreated_pod_gets_a_new_copy() {
             .unwrap();
     });
 }
+
+/// The README's first pod, created with its exact command line (kubectl 1.35 as `kubectl`),
+/// runs in the leaf and `kubectl exec` reaches it.
+#[test]
+fn the_readmes_first_pod_runs_in_the_leaf() {
+    let e = sandbox();
+    let readme = std::fs::read_to_string(relaylet_dev::workspace_root().join("README.md")).unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("kubectl run web "))
+        .expect("the README creates a pod with kubectl run");
+    let k = support::kubectl("1.35");
+    let bin = std::env::temp_dir().join(format!("relaylet-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&bin).unwrap();
+    let _ = std::fs::remove_file(bin.join("kubectl"));
+    std::os::unix::fs::symlink(&k.path, bin.join("kubectl")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", line])
+        .env("PATH", path)
+        .env("KUBECONFIG", &e.kubeconfig)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&bin);
+    assert!(out.status.success(), "{line}: {}", text(&out.stderr));
+    RT.block_on(async {
+        let roots = root_pods(e).await;
+        until(
+            "the README's pod Running",
+            async || roots.get_opt("web").await.unwrap(),
+            |p| phase(p) == Some("Running"),
+        )
+        .await;
+    });
+    let out = Run::new(
+        &k,
+        &e.kubeconfig,
+        &["exec", "web", "--", "sh", "-c", "echo in the leaf"],
+    )
+    .output();
+    assert!(out.status.success(), "{}", describe(&k, &out));
+    assert_eq!(text(&out.stdout), "in the leaf\n");
+}

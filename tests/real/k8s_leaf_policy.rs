@@ -257,14 +257,14 @@ fn tenant_delete(f: &Fixture, name: &str) {
     );
 }
 
-/// Applies `deploy/leaf-marker-policy.yaml` as its header says (the syncer's identity written
-/// into the ConfigMap first), and waits until the apiserver enforces it: a server-side dry run
-/// of the tenant's forged pod is refused.
+/// Applies `deploy/leaf-marker-policy.yaml` as its header says for another syncer (its identity
+/// written into the ConfigMap in place of relaylet's own), and waits until the apiserver
+/// enforces it: a server-side dry run of the tenant's forged pod is refused.
 fn apply_marker_policy(f: &Fixture) {
     let file = world::repo().join("deploy/leaf-marker-policy.yaml");
     let shipped = std::fs::read_to_string(&file).expect("deploy/leaf-marker-policy.yaml");
     let configured = shipped.replacen(
-        "  usernames: \"\"\n",
+        "  usernames: \"system:serviceaccount:relaylet:relaylet-leaf\"\n",
         &format!("  usernames: \"{SYNCER}\"\n"),
         1,
     );
