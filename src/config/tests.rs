@@ -397,8 +397,19 @@ fn x509_mode_needs_an_allow_list() {
 fn leaf_pod_matching_settings() {
     let c = config(&[("LEAF_NODE_IP", "10.0.0.1")]).unwrap();
     assert_eq!(c.leaf_pod_match, LeafPodMatch::default());
+    assert!(c.leaf_pod_sync, "relaylet runs the pods by default");
+    // Another syncer's copies (a label) and relaylet's own copies (the root
+    // UID) cannot both be true of one leaf.
+    let err = config(&[
+        ("LEAF_NODE_IP", "10.0.0.1"),
+        ("LEAF_POD_MATCH", "label"),
+        ("LEAF_POD_MARKER", "sync.example/copy=yes"),
+    ])
+    .unwrap_err();
+    assert_eq!(err.0[0].var, "LEAF_POD_SYNC");
     let c = config(&[
         ("LEAF_NODE_IP", "10.0.0.1"),
+        ("LEAF_POD_SYNC", "false"),
         ("LEAF_POD_MATCH", "label"),
         ("LEAF_POD_MARKER", "sync.example/copy=yes"),
     ])
@@ -418,6 +429,7 @@ fn leaf_pod_matching_settings() {
     assert_eq!(err.0[0].var, "LEAF_POD_MATCH");
     let err = config(&[
         ("LEAF_NODE_IP", "10.0.0.1"),
+        ("LEAF_POD_SYNC", "false"),
         ("LEAF_POD_MATCH", "label"),
         ("LEAF_POD_MARKER", "no-value"),
     ])

@@ -225,16 +225,17 @@ impl Calls {
         }
     }
 
-    /// A page of the metadata of every `K` `params` select, in every namespace (as kube's
-    /// `Api::all(..).list_metadata`).
+    /// A page of the metadata of every `K` `params` select, in `namespace` or (`None`) every
+    /// namespace (as kube's `Api::list_metadata`).
     pub async fn list_metadata<K>(
         &self,
+        namespace: Option<&str>,
         params: &ListParams,
     ) -> Result<ObjectList<PartialObjectMeta<K>>, kube::Error>
     where
         K: Resource<DynamicType = ()> + DeserializeOwned + Clone,
     {
-        let request = kube::core::Request::new(K::url_path(&(), None))
+        let request = kube::core::Request::new(K::url_path(&(), namespace))
             .list_metadata(params)
             .map_err(kube::Error::BuildRequest)?;
         self.request(request).await

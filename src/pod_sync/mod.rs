@@ -8,15 +8,19 @@
 //! - `leaf_copy`: a root pod's leaf copy (kept, cleared, dropped, refused) and its later
 //!   updates;
 //! - `root_status`: the root pod's status from its copy's;
+//! - `references`: the ConfigMaps and Secrets a pod names, and their leaf copies; `copied`:
+//!   those copies made, kept in step, deleted when no pod names them;
 //! - `marks`: what makes a leaf pod relaylet's, and which root pods relaylet runs;
 //! - `queue`: the work queue (one worker per pod at a time).
 //!
 //! It uses `model`, `ops`, `kube_client` and `leaf`.
 
+mod copied;
 mod decide;
 mod leaf_copy;
 mod marks;
 mod queue;
+mod references;
 mod root_status;
 mod syncer;
 

@@ -110,6 +110,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         }
     }
 
+    /// Whether no key waits and none is being worked on.
+    pub fn idle(&self) -> bool {
+        let state = self.lock();
+        state.order.is_empty() && state.working.is_empty()
+    }
+
     /// How many keys wait.
     #[cfg(test)]
     pub fn len(&self) -> usize {

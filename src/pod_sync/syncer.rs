@@ -25,10 +25,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::copied::{Copied, Io};
 use super::decide::{Facts, LeafAction, Plan, RootAction, decide, leaf_reason};
 use super::leaf_copy::CopyRules;
 use super::marks::Marks;
 use super::queue::Queue;
+use super::references::references;
 use super::root_status::{self, Restarts};
 use crate::kube_client::{Calls, LeanWatch};
 use crate::leaf::Leaf;
@@ -40,8 +42,15 @@ use crate::routing::NodePodChanges;
 const WORKERS: usize = 8;
 /// At most one status write per pod this often; the changes meanwhile go in the next one.
 const STATUS_EVERY: Duration = Duration::from_secs(1);
-/// Every pod is looked at again this often, whatever its watches said.
+/// Every pod is looked at again this often, whatever its watches said; then the copies of
+/// ConfigMaps and Secrets no pod names are swept.
 const RESYNC: Duration = Duration::from_secs(300);
+/// The copies of the ConfigMaps and Secrets pods name are compared with their root objects this
+/// often (the kubelet looks at a mounted ConfigMap about once a minute).
+const REFRESH: Duration = Duration::from_secs(10);
+/// At most this many root objects are looked at a second for that (a leaf's pods naming many
+/// objects get a longer round rather than a busier root apiserver).
+const REFRESH_PER_SECOND: u32 = 50;
 /// Pods per LIST page of the watches.
 const PAGE: u32 = 500;
 /// A failed reconcile of a pod is tried again after this, doubling up to the most.
@@ -95,6 +104,7 @@ impl LeafPodSync {
             known: Mutex::default(),
             memory: Mutex::default(),
             ensured: Mutex::default(),
+            copied: Copied::new(),
         });
         LeafPodSync {
             task: tokio::spawn(shared.run(root_pods)),
@@ -113,6 +123,8 @@ struct Shared {
     memory: Mutex<HashMap<Key, Memory>>,
     /// Leaf namespaces and service accounts known to exist.
     ensured: Mutex<HashSet<(String, String)>>,
+    /// The ConfigMaps and Secrets the pods name, copied into the leaf.
+    copied: Copied,
 }
 
 impl Drop for Shared {
@@ -146,6 +158,7 @@ enum SyncError {
 impl Shared {
     async fn run(self: Arc<Self>, root_pods: NodePodChanges) {
         let (leaf_listed, mut leaf_ready) = watch::channel(false);
+        let mut leaf_ready_too = leaf_ready.clone();
         let root_listed = root_pods.listing();
         let workers = async {
             // No decision from half a view: both sides listed first.
@@ -155,17 +168,45 @@ impl Shared {
             futures::future::join_all((0..WORKERS).map(|_| self.clone().work())).await;
         };
         let resync = async {
+            root_listed.wait().await;
+            let _ = leaf_ready_too.wait_for(|listed| *listed).await;
             loop {
+                // Once every pod was looked at, what no pod names is an orphan.
+                while !self.queue.idle() {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                if let Err(err) = self.copied.sweep(&self.io()).await {
+                    tracing::warn!(leaf = %self.context.leaf.name, %err, "sweeping the leaf's copies no pod names");
+                }
                 tokio::time::sleep(RESYNC).await;
                 self.enqueue_known();
+            }
+        };
+        let refresh = async {
+            loop {
+                self.copied
+                    .refresh(&self.io(), REFRESH, REFRESH_PER_SECOND)
+                    .await;
             }
         };
         tokio::join!(
             self.clone().follow_root(root_pods),
             self.clone().watch_leaf(leaf_listed),
             workers,
-            resync
+            resync,
+            refresh
         );
+    }
+
+    /// Where the copies of ConfigMaps and Secrets are read and written.
+    fn io(&self) -> Io<'_> {
+        Io {
+            leaf_name: &self.context.leaf.name,
+            root: &self.context.root,
+            leaf: self.context.leaf.client(),
+            marks: &self.marks,
+            metrics: &self.context.metrics,
+        }
     }
 
     fn enqueue_known(&self) {
@@ -304,6 +345,10 @@ impl Shared {
             .await
             .map_err(SyncError::Leaf)?;
         if root.is_none() && leaf.is_none() {
+            self.copied
+                .forget(&self.io(), key)
+                .await
+                .map_err(SyncError::Leaf)?;
             return Ok(Done::Forget);
         }
         if let Some(said) = leaf.as_ref().and_then(leaf_reason) {
@@ -327,6 +372,21 @@ impl Shared {
             leaf: leaf_action,
             root: root_action,
         } = decide(root.as_ref(), leaf.as_ref(), &facts, &mut memory.restarts);
+        // What the pod names goes first, and follows the pod while it runs.
+        let runs = matches!(leaf_action, Some(LeafAction::Create(_)))
+            || leaf.as_ref().is_some_and(|l| {
+                self.marks.ours(&l.metadata)
+                    && self.marks.root_uid(&l.metadata)
+                        == root.as_ref().and_then(|r| r.metadata.uid.as_deref())
+            });
+        if let Some(root) = root.as_ref().filter(|_| runs)
+            && let Some(spec) = &root.spec
+        {
+            self.copied
+                .follow(&self.io(), key, leaf_namespace, &references(spec))
+                .await
+                .map_err(SyncError::Leaf)?;
+        }
         let refused = match leaf_action {
             Some(action) => self.act_in_leaf(leaf_namespace, name, action).await?,
             None => None,

@@ -555,6 +555,9 @@ fn expected_permissions(
         // src/pod_sync: the pods' status written, a deleted pod removed once its copy is gone.
         g.extend(grant("*", "", "pods/status", "", &["update"]));
         g.extend(grant("*", "", "pods", "", &["delete"]));
+        // src/pod_sync/copied.rs: what the pods name, read by name to copy it into the leaf.
+        g.extend(grant("*", "", "configmaps", "", &["get"]));
+        g.extend(grant("*", "", "secrets", "", &["get"]));
     }
     if webhook {
         g.extend(grant(
@@ -907,12 +910,16 @@ fn check_invariants(r: &Rendered, set: &str) {
             assert!(!w.contains('*'), "{set}: wildcard in {rule:?}");
         }
     }
+    // Cluster-wide, a Secret is only ever read by name, and only to run the pods that name it.
+    let pod_sync = r.env_value("LEAF_POD_SYNC") != Some("false");
     for cr in &r.cluster_roles {
         for rule in cr.rules.iter().flatten() {
-            assert!(
-                !rule.resources.iter().flatten().any(|res| res == "secrets"),
-                "{set}: no cluster-wide Secret access"
-            );
+            if rule.resources.iter().flatten().any(|res| res == "secrets") {
+                assert!(
+                    pod_sync && rule.verbs == ["get"],
+                    "{set}: no cluster-wide Secret access but get with podSync: {rule:?}"
+                );
+            }
         }
     }
     let perms = r.permissions();
@@ -1504,6 +1511,15 @@ fn leaf_permissions(pod_sync: bool) -> BTreeSet<Grant> {
         want.extend(grant("*", "", "pods/ephemeralcontainers", "", &["patch"]));
         want.extend(grant("*", "", "namespaces", "", &["get", "create"]));
         want.extend(grant("*", "", "serviceaccounts", "", &["get", "create"]));
+        for copied in ["configmaps", "secrets"] {
+            want.extend(grant(
+                "*",
+                "",
+                copied,
+                "",
+                &["get", "list", "create", "patch", "delete"],
+            ));
+        }
     }
     want.into_iter().collect()
 }

@@ -252,7 +252,7 @@ fn without_its_proxy_url_the_leaf_is_unreachable_with_a_clear_error() {
                 .unwrap();
             let got = leaf
                 .client()
-                .list_metadata::<Pod>(&ListParams::default())
+                .list_metadata::<Pod>(None, &ListParams::default())
                 .await;
             if through_proxy {
                 assert!(got.is_ok(), "{got:?}");

@@ -67,7 +67,9 @@ fn the_manifest_grants_exactly_what_relaylet_uses() {
         grants,
         [
             // Running the root pods' copies: their namespaces and service accounts made when
-            // missing, the pods created, updated and deleted, kubectl debug's containers added.
+            // missing, the pods created, updated and deleted, kubectl debug's containers added,
+            // the ConfigMaps and Secrets they name copied beside them and cleaned up.
+            "/configmaps:create,delete,get,list,patch",
             "/namespaces:create,get",
             "/nodes:get,list,watch",
             "/pods/attach:create,get",
@@ -76,6 +78,7 @@ fn the_manifest_grants_exactly_what_relaylet_uses() {
             "/pods/log:get",
             "/pods/portforward:create,get",
             "/pods:create,delete,get,list,patch,watch",
+            "/secrets:create,delete,get,list,patch",
             "/serviceaccounts:create,get",
             "metrics.k8s.io/pods:get,list",
         ]
@@ -243,12 +246,14 @@ fn the_namespaced_manifest_grants_the_same_calls_with_streams_only_per_namespace
     assert_eq!(
         grants_of(&role("relaylet-leaf-streams")),
         [
+            "/configmaps:create,delete,get,list,patch",
             "/pods/attach:create,get",
             "/pods/ephemeralcontainers:patch",
             "/pods/exec:create,get",
             "/pods/log:get",
             "/pods/portforward:create,get",
             "/pods:create,delete,patch",
+            "/secrets:create,delete,get,list,patch",
             "/serviceaccounts:create,get",
         ]
     );

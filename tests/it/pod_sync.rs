@@ -456,3 +456,110 @@ fn the_readmes_first_pod_runs_in_the_leaf() {
     assert!(out.status.success(), "{}", describe(&k, &out));
     assert_eq!(text(&out.stdout), "in the leaf\n");
 }
+
+#[test]
+fn the_config_maps_and_secrets_a_pod_names_are_copied_kept_in_step_and_cleaned_up() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let e = sandbox();
+    RT.block_on(async {
+        let root = e.root_client().await;
+        let kubeconfig = e.sandbox.leaves["leaf-1"].admin_kubeconfig().unwrap();
+        let leaf = relaylet_dev::sandbox::kube_client(&kubeconfig)
+            .await
+            .unwrap();
+        let root_cms: Api<ConfigMap> = Api::namespaced(root.clone(), "default");
+        let root_secrets: Api<Secret> = Api::namespaced(root.clone(), "default");
+        let leaf_cms: Api<ConfigMap> = Api::namespaced(leaf.clone(), "default");
+        let leaf_secrets: Api<Secret> = Api::namespaced(leaf.clone(), "default");
+        let pp = PostParams::default();
+        let cm = |name: &str, value: &str| -> ConfigMap {
+            serde_json::from_value(json!({"metadata": {"name": name}, "data": {"greeting": value}}))
+                .unwrap()
+        };
+        root_cms.create(&pp, &cm("copied-config", "hello")).await.unwrap();
+        root_secrets
+            .create(
+                &pp,
+                &serde_json::from_value(json!({"metadata": {"name": "copied-secret"},
+                    "type": "Opaque", "stringData": {"password": "s3cret"}}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        // The leaf has its own object of a name the pod uses too: it is the leaf's, not ours.
+        root_cms.create(&pp, &cm("leaf-owned", "from the root")).await.unwrap();
+        leaf_cms.create(&pp, &cm("leaf-owned", "the leaf's own")).await.unwrap();
+        let spec = json!({
+            "volumes": [
+                {"name": "config", "configMap": {"name": "copied-config"}},
+                {"name": "theirs", "configMap": {"name": "leaf-owned"}}
+            ],
+            "containers": [{"name": "main", "image": "busybox:1.36",
+                "command": ["sh", "-c", "echo \"$GREETING $PASSWORD\"; sleep 600"],
+                "env": [
+                    {"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "copied-config", "key": "greeting"}}},
+                    {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "copied-secret", "key": "password"}}}
+                ]}]
+        });
+        let roots = root_pods(e).await;
+        roots.create(&pp, &pod("configured", "", spec)).await.unwrap();
+        until(
+            "the root pod Running",
+            async || roots.get_opt("configured").await.unwrap(),
+            |p| phase(p) == Some("Running"),
+        )
+        .await;
+        // The container saw the values from the copies, made before it started.
+        let leaves = leaf_pods(e).await;
+        let logs = until(
+            "the container's first line",
+            async || leaves.logs("configured", &Default::default()).await.unwrap_or_default(),
+            |l| l.contains('\n'),
+        )
+        .await;
+        assert_eq!(logs, "hello s3cret\n");
+        let copy = leaf_cms.get("copied-config").await.unwrap();
+        let labels = copy.metadata.labels.unwrap();
+        assert_eq!(labels["relaylet.io/owner"], "relaylet");
+        assert_eq!(labels["relaylet.io/node"], NODE);
+        assert_eq!(
+            leaf_cms.get("leaf-owned").await.unwrap().data.unwrap()["greeting"],
+            "the leaf's own",
+            "a leaf object that is not relaylet's is left alone"
+        );
+        // A change in the root reaches the copy.
+        root_cms
+            .patch(
+                "copied-config",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"greeting": "changed"}})),
+            )
+            .await
+            .unwrap();
+        until(
+            "the changed ConfigMap in the leaf",
+            async || leaf_cms.get("copied-config").await.unwrap().data.unwrap_or_default(),
+            |d| d.get("greeting").map(String::as_str) == Some("changed"),
+        )
+        .await;
+        // The pod gone, the copies go with it; the root objects and the leaf's own stay.
+        roots
+            .delete("configured", &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+        until(
+            "the copies deleted",
+            async || {
+                (
+                    leaf_cms.get_opt("copied-config").await.unwrap().is_some(),
+                    leaf_secrets.get_opt("copied-secret").await.unwrap().is_some(),
+                )
+            },
+            |copies| *copies == (false, false),
+        )
+        .await;
+        assert!(leaf_cms.get_opt("leaf-owned").await.unwrap().is_some());
+        assert!(root_cms.get_opt("copied-config").await.unwrap().is_some());
+        assert!(root_secrets.get_opt("copied-secret").await.unwrap().is_some());
+    });
+}

@@ -5,8 +5,9 @@
 //! `kubectl exec` and `logs -f` reach its pods, scaling down deletes their copies, a deleted pod
 //! gets SIGTERM within its grace before the root pod goes, a container that crashes shows its
 //! restarts, a copy deleted in the leaf fails its root pod and the ReplicaSet replaces it, a
-//! Job completes, host access is refused, and killing the replica that serves the Node during
-//! a rollout leaves no duplicate and no orphan in the leaf.
+//! Job completes, host access is refused, the ConfigMaps and Secrets a pod names reach its
+//! container (and a ConfigMap's change its mounted file), and killing the replica that serves
+//! the Node during a rollout leaves no duplicate and no orphan in the leaf.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -218,6 +219,95 @@ fn a_deployment_runs_in_the_leafs_containers_and_kubectl_reaches_it() {
     w.root
         .kubectl_ok(&["delete", "deployment", "web", "--wait=true"]);
     eventually("no copy left", || copies(w, "app=web").is_empty());
+}
+
+/// A pod reading a ConfigMap (a mounted volume) and a Secret (an env var) from the root.
+fn configured(name: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeName: {node}
+  tolerations: [{{key: virtual-kubelet.io/provider, operator: Exists, effect: NoSchedule}}]
+  terminationGracePeriodSeconds: 1
+  containers:
+{container}          env:
+            - name: PASSWORD
+              valueFrom: {{secretKeyRef: {{name: {name}-secret, key: password}}}}
+          volumeMounts: [{{name: config, mountPath: /config}}]
+  volumes: [{{name: config, configMap: {{name: {name}-config}}}}]
+"#,
+        node = virtual_node(LEAF),
+        container = busybox("sleep 3600"),
+    )
+}
+
+#[test]
+fn the_config_maps_and_secrets_a_pod_names_reach_its_container_and_follow_the_root() {
+    let w = world();
+    w.root.kubectl_ok(&[
+        "create",
+        "configmap",
+        "files-config",
+        "--from-literal=greeting=hello",
+    ]);
+    w.root.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "files-secret",
+        "--from-literal=password=s3cret",
+    ]);
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&configured("files")));
+    eventually("the pod Running", || {
+        get(w, false, &["pod", "files"], "{.status.phase}") == "Running"
+    });
+    let k = support::kubectl("1.35");
+    let kubeconfig = w.root_kubeconfig();
+    let exec = |script: &str| {
+        let out = Run::new(&k, kubeconfig, &["exec", "files", "--", "sh", "-c", script]).output();
+        assert!(out.status.success(), "{}", describe(&k, &out));
+        text(&out.stdout)
+    };
+    assert_eq!(
+        exec("cat /config/greeting; echo; echo $PASSWORD"),
+        "hello\ns3cret\n"
+    );
+    // The leaf kubelet brings a mounted ConfigMap's change into the container (within its sync
+    // period, about a minute); relaylet's part is the copy.
+    w.root.kubectl_ok(&[
+        "patch",
+        "configmap",
+        "files-config",
+        "--type=merge",
+        "-p",
+        r#"{"data":{"greeting":"changed"}}"#,
+    ]);
+    support::wait_until(
+        "the change in the mounted file",
+        Duration::from_secs(240),
+        || exec("cat /config/greeting") == "changed",
+    );
+    // The pod gone, its copies go; the root's objects stay.
+    w.root
+        .kubectl_ok(&["delete", "pod", "files", "--wait=true"]);
+    eventually("the copies deleted in the leaf", || {
+        get(
+            w,
+            true,
+            &["configmaps,secrets", "-l", "relaylet.io/owner"],
+            "{.items[*].metadata.name}",
+        )
+        .is_empty()
+    });
+    assert_eq!(
+        get(w, false, &["configmap", "files-config"], "{.data.greeting}"),
+        "changed"
+    );
+    w.root.kubectl_ok(&["delete", "configmap", "files-config"]);
+    w.root.kubectl_ok(&["delete", "secret", "files-secret"]);
 }
 
 #[test]

@@ -5,13 +5,16 @@ use serde_json::{Value, json};
 
 use super::kinds::Kind;
 
-/// Upstream's defaulting for the fields clients commonly leave out.
+/// Upstream's defaulting for the fields clients commonly leave out (and a Secret's write-only
+/// `stringData` folded into `data`, as upstream's conversion does on every write).
 pub(crate) fn defaults(kind: &Kind, body: &mut Value) {
-    if kind.group.is_empty()
-        && kind.kind == "Secret"
-        && body.get("type").is_none_or(|t| t.as_str() == Some(""))
-    {
-        body["type"] = json!("Opaque");
+    if kind.group.is_empty() && kind.kind == "Secret" {
+        if body.get("type").is_none_or(|t| t.as_str() == Some("")) {
+            body["type"] = json!("Opaque");
+        }
+        if let Some(object) = body.as_object_mut() {
+            fold_string_data(object);
+        }
     }
     if kind.group.is_empty() && kind.kind == "Pod" {
         pod_defaults(body);
@@ -99,5 +102,20 @@ mod tests {
         assert_eq!(spec["containers"][1]["imagePullPolicy"], "IfNotPresent");
         assert_eq!(spec["containers"][0]["ports"][0]["protocol"], "TCP");
         assert_eq!(spec["containers"][1]["terminationMessagePolicy"], "File");
+    }
+}
+
+/// Folds a Secret's `stringData` into its `data` (base64), a key in both taking the plain value.
+pub(crate) fn fold_string_data(secret: &mut serde_json::Map<String, Value>) {
+    use base64::Engine;
+    if let Some(Value::Object(plain)) = secret.remove("stringData") {
+        let data = secret.entry("data").or_insert_with(|| json!({}));
+        if let Some(data) = data.as_object_mut() {
+            for (k, v) in plain {
+                let encoded = base64::engine::general_purpose::STANDARD
+                    .encode(v.as_str().unwrap_or_default());
+                data.insert(k, json!(encoded));
+            }
+        }
     }
 }

@@ -234,16 +234,7 @@ pub fn decode_object(body: &[u8], kind: &str) -> Result<Value, Failure> {
         }
     }
     // stringData is write-only: upstream folds it into data.
-    if let Some(Value::Object(plain)) = out.remove("stringData") {
-        let data = out.entry("data").or_insert_with(|| json!({}));
-        if let Some(data) = data.as_object_mut() {
-            for (k, v) in plain {
-                let encoded = base64::engine::general_purpose::STANDARD
-                    .encode(v.as_str().unwrap_or_default());
-                data.insert(k, json!(encoded));
-            }
-        }
-    }
+    super::defaults::fold_string_data(&mut out);
     Ok(Value::Object(out))
 }
 

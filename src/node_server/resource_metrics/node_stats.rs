@@ -281,7 +281,7 @@ impl NodeStats {
         let listed = paged(|token| {
             let params = continued(&params, token);
             let calls = calls.clone();
-            async move { calls.list_metadata::<Pod>(&params).await.map(page_of) }
+            async move { calls.list_metadata::<Pod>(None, &params).await.map(page_of) }
         })
         .await
         .map_err(|source| StatsError::LeafPods {
