@@ -126,3 +126,62 @@ pub(super) fn leaf_pod_sync(vars: &mut Vars<'_>, proof: &LeafPodMatch) -> bool {
     }
     on
 }
+
+/// Where the pods relaylet runs in the leaves reach the root apiserver
+/// (`LEAF_POD_ROOT_APISERVER`, `https://host:port`). With it, a pod's service-account tokens
+/// are the root's, bound to the root pod, and its in-cluster configuration points here;
+/// without it, a pod in a leaf uses the leaf's own service account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodApiserver {
+    pub host: String,
+    pub port: u16,
+}
+
+impl PodApiserver {
+    pub fn parse(text: &str) -> Result<PodApiserver, String> {
+        let bad = |why: &str| format!("{text:?} is not an https://host:port address: {why}");
+        let uri: http::Uri = text.parse().map_err(|_| bad("it does not parse"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(bad("the scheme must be https"));
+        }
+        if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
+            return Err(bad("no path or query"));
+        }
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Err(bad("no user info"));
+        }
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| bad("no host"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.parse::<std::net::IpAddr>().is_err()
+            && crate::model::names::check_dns_subdomain(host).is_err()
+        {
+            return Err(bad("the host is neither an IP address nor a DNS name"));
+        }
+        Ok(PodApiserver {
+            host: host.to_string(),
+            port: uri.port_u16().unwrap_or(443),
+        })
+    }
+}
+
+/// `LEAF_POD_ROOT_APISERVER`: only with `LEAF_POD_SYNC`.
+pub(super) fn pod_apiserver(vars: &mut Vars<'_>, sync: bool) -> Option<PodApiserver> {
+    let raw = vars.get("LEAF_POD_ROOT_APISERVER")?;
+    if !sync {
+        vars.error(
+            "LEAF_POD_ROOT_APISERVER",
+            "relaylet forwards tokens only to the pods it runs itself: set LEAF_POD_SYNC=true, or leave this unset",
+        );
+        return None;
+    }
+    match PodApiserver::parse(raw.trim()) {
+        Ok(a) => Some(a),
+        Err(message) => {
+            vars.error("LEAF_POD_ROOT_APISERVER", &message);
+            None
+        }
+    }
+}

@@ -24,7 +24,7 @@ mod tests;
 mod vars;
 
 pub use auth::{AuthMode, INSECURE_NONE_SWITCH};
-pub use leaves::{DEFAULT_LEAF_SECRET_LABEL, LeafBounds, StaticLeaf};
+pub use leaves::{DEFAULT_LEAF_SECRET_LABEL, LeafBounds, PodApiserver, StaticLeaf};
 pub use limits::{Limits, namespace_share};
 pub use node::{ADDRESS_TYPES, DEFAULT_NODE_PORTS};
 pub use observability::LogFormat;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::auth::{AuthMode, auth_mode, x509_allowed_users};
 use super::leaves::{
-    DEFAULT_LEAF_SECRET_LABEL, LeafBounds, StaticLeaf, leaf_bounds, leaf_pod_match, leaf_pod_sync,
-    static_leaf,
+    DEFAULT_LEAF_SECRET_LABEL, LeafBounds, PodApiserver, StaticLeaf, leaf_bounds, leaf_pod_match,
+    leaf_pod_sync, pod_apiserver, static_leaf,
 };
 use super::limits::{Limits, limits};
 use super::node::{leaf_node_ip, node_name_prefix, node_ports, preferred_address_type};
@@ -54,6 +54,9 @@ pub struct Config {
     /// Run the pods bound to the virtual nodes in their leaves (`LEAF_POD_SYNC`, default
     /// true); off for installs where another syncer does.
     pub leaf_pod_sync: bool,
+    /// Where the pods it runs reach the root apiserver, their tokens the root's
+    /// (`LEAF_POD_ROOT_APISERVER`); `None`: they use the leaf's own service accounts.
+    pub leaf_pod_root_apiserver: Option<PodApiserver>,
     /// Keep one connection to each leaf in use dialed ahead of the next session
     /// (`LEAF_SPARE_CONNECTION`, default true; see `warm_connector`).
     pub leaf_spare_connection: bool,
@@ -126,6 +129,7 @@ impl Config {
         let replica_selector = replica_selector(&mut vars, leader_elect);
         let leaf_pod_match = leaf_pod_match(&mut vars);
         let leaf_pod_sync = leaf_pod_sync(&mut vars, &leaf_pod_match);
+        let leaf_pod_root_apiserver = pod_apiserver(&mut vars, leaf_pod_sync);
         let leaf_spare_connection = vars.flag("LEAF_SPARE_CONNECTION", true);
         let extend_websockets_to_kubelet = vars.flag("EXTEND_WEBSOCKETS_TO_KUBELET", true);
 
@@ -157,6 +161,7 @@ impl Config {
             replica_selector,
             leaf_pod_match,
             leaf_pod_sync,
+            leaf_pod_root_apiserver,
             leaf_spare_connection,
             extend_websockets_to_kubelet,
             metrics_addr,

@@ -398,6 +398,46 @@ fn leaf_pod_matching_settings() {
     let c = config(&[("LEAF_NODE_IP", "10.0.0.1")]).unwrap();
     assert_eq!(c.leaf_pod_match, LeafPodMatch::default());
     assert!(c.leaf_pod_sync, "relaylet runs the pods by default");
+    assert_eq!(
+        c.leaf_pod_root_apiserver, None,
+        "tokens are not forwarded by default"
+    );
+    for (raw, want) in [
+        ("https://10.0.0.1:6443", Some(("10.0.0.1", 6443))),
+        ("https://root.example.com", Some(("root.example.com", 443))),
+        ("https://[fd00::1]:6443/", Some(("fd00::1", 6443))),
+        ("http://10.0.0.1:6443", None),
+        ("10.0.0.1:6443", None),
+        ("https://user:pw@10.0.0.1:6443", None),
+        ("https://10.0.0.1:6443/api", None),
+        ("https://bad_host:6443", None),
+    ] {
+        let got = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_POD_ROOT_APISERVER", raw),
+        ]);
+        match want {
+            Some((host, port)) => {
+                let a = got.unwrap().leaf_pod_root_apiserver.unwrap();
+                assert_eq!((a.host.as_str(), a.port), (host, port), "{raw}");
+            }
+            None => assert_eq!(
+                got.unwrap_err().0[0].var,
+                "LEAF_POD_ROOT_APISERVER",
+                "{raw}"
+            ),
+        }
+    }
+    let err = config(&[
+        ("LEAF_NODE_IP", "10.0.0.1"),
+        ("LEAF_POD_SYNC", "false"),
+        ("LEAF_POD_ROOT_APISERVER", "https://10.0.0.1:6443"),
+    ])
+    .unwrap_err();
+    assert_eq!(
+        err.0[0].var, "LEAF_POD_ROOT_APISERVER",
+        "only for the pods relaylet runs"
+    );
     // Another syncer's copies (a label) and relaylet's own copies (the root
     // UID) cannot both be true of one leaf.
     let err = config(&[

@@ -5,19 +5,16 @@
 
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
 use crate::leaf::kubeconfig;
+use crate::model::event::{Said, event};
 use crate::ops::Metrics;
 
 /// The Event reason of every refusal.
 pub const EVENT_REASON: &str = "LeafSecretRefused";
-/// The Events' `reportingController`.
-const REPORTING_CONTROLLER: &str = "relaylet";
-/// events.k8s.io/v1 refuses a longer `note`.
-const NOTE_LIMIT: usize = 1024;
 
 /// Why a leaf Secret does not register a leaf.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,64 +109,30 @@ impl Reporter {
         }
     }
 
-    /// A Warning Event about `secret`. Written with a plain create rather than kube's
-    /// `Recorder`: that one folds repeats into a series by reason alone, so a Secret refused
-    /// again for a new reason would keep showing the old message, and it needs `patch` too.
+    /// A Warning Event about `secret`.
     fn event(&self, secret: &Secret, message: &str) -> Event {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let name = secret.metadata.name.clone().unwrap_or_default();
-        // Like kubelet's: the object's name and a unique suffix, kept within 253 characters.
-        let prefix: String = name.chars().take(200).collect();
-        let prefix = prefix.trim_end_matches(['-', '.']);
-        Event {
-            metadata: ObjectMeta {
-                name: Some(format!("{prefix}.{:x}", now.as_nanosecond())),
-                namespace: secret.metadata.namespace.clone(),
-                ..ObjectMeta::default()
-            },
-            event_time: Some(MicroTime(now)),
-            type_: Some("Warning".to_string()),
-            reason: Some(EVENT_REASON.to_string()),
-            action: Some("Register".to_string()),
-            note: Some(truncate(message, NOTE_LIMIT)),
-            reporting_controller: Some(REPORTING_CONTROLLER.to_string()),
-            reporting_instance: Some(self.instance.chars().take(128).collect()),
-            regarding: Some(ObjectReference {
-                api_version: Some("v1".to_string()),
-                kind: Some("Secret".to_string()),
-                name: Some(name),
-                namespace: secret.metadata.namespace.clone(),
-                uid: secret.metadata.uid.clone(),
-                resource_version: secret.metadata.resource_version.clone(),
-                ..ObjectReference::default()
-            }),
-            ..Event::default()
-        }
+        let regarding = ObjectReference {
+            api_version: Some("v1".to_string()),
+            kind: Some("Secret".to_string()),
+            name: secret.metadata.name.clone(),
+            namespace: secret.metadata.namespace.clone(),
+            uid: secret.metadata.uid.clone(),
+            resource_version: secret.metadata.resource_version.clone(),
+            ..ObjectReference::default()
+        };
+        let said = Said {
+            type_: "Warning",
+            reason: EVENT_REASON,
+            action: "Register",
+            note: message,
+        };
+        event(regarding, &said, &self.instance, Timestamp::now())
     }
-}
-
-/// At most `limit` bytes of `text`, cut at a character boundary.
-fn truncate(text: &str, limit: usize) -> String {
-    if text.len() <= limit {
-        return text.to_string();
-    }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn notes_are_cut_at_a_character_boundary() {
-        assert_eq!(truncate("abc", 5), "abc");
-        assert_eq!(truncate("abcdef", 3), "abc");
-        assert_eq!(truncate("aé", 2), "a");
-    }
 
     #[test]
     fn reasons_are_fixed_words() {

@@ -9,8 +9,10 @@
 //! - `node_ownership`, `node_overrides`: whose a Node is; what a leaf Secret may add to it.
 //! - `names`, `quantity`: Kubernetes' name and label rules; exact resource-quantity arithmetic.
 //! - `quote`: text from a leaf made short and single-line before relaylet writes it anywhere.
+//! - `event`: an Event as relaylet writes one, within upstream's limits.
 
 pub mod counterpart;
+pub mod event;
 pub mod kubelet_request;
 pub mod names;
 pub mod node_overrides;

@@ -15,7 +15,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 
 use super::marks::Marks;
-use super::references::{Kind, References, config_map_copy, current, secret_copy};
+use super::references::{Kind, References, config_map_copy, current, leaf_name, secret_copy};
+use super::sync_error::SyncError;
+use super::tokens::TOKENS_FOR_LABEL;
 use crate::kube_client::{Calls, continued, paged};
 use crate::ops::Metrics;
 
@@ -61,7 +63,7 @@ impl Copied {
         pod: &Pod,
         leaf_namespace: &str,
         references: &References,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<(), SyncError> {
         let wanted: Vec<Object> = references
             .iter()
             .map(|(kind, name)| {
@@ -96,7 +98,7 @@ impl Copied {
     }
 
     /// Pod `pod` is gone: the copies it alone named are deleted.
-    pub async fn forget(&self, io: &Io<'_>, pod: &Pod) -> Result<(), kube::Error> {
+    pub async fn forget(&self, io: &Io<'_>, pod: &Pod) -> Result<(), SyncError> {
         let unused = release(&mut lock(&self.entries), pod, &[]);
         for object in unused {
             io.delete(&object).await?;
@@ -134,12 +136,12 @@ impl Copied {
     /// Deletes the copies in the leaf no pod names (left by an earlier run, or named by pods
     /// gone meanwhile). Without the right to list them in every namespace (the namespaced leaf
     /// RBAC), only the namespaces the pods use now are looked at.
-    pub async fn sweep(&self, io: &Io<'_>) -> Result<(), kube::Error> {
+    pub async fn sweep(&self, io: &Io<'_>) -> Result<(), SyncError> {
         let (named, namespaces) = {
             let entries = lock(&self.entries);
             let named: HashSet<(Kind, String, String)> = entries
                 .keys()
-                .map(|(k, _, leaf_ns, name)| (*k, leaf_ns.clone(), name.clone()))
+                .map(|(k, _, leaf_ns, name)| (*k, leaf_ns.clone(), leaf_name(*k, name).to_string()))
                 .collect();
             let namespaces: BTreeSet<String> = entries
                 .keys()
@@ -149,7 +151,7 @@ impl Copied {
         };
         for kind in [Kind::ConfigMap, Kind::Secret] {
             let found = match io.copies(kind, None).await {
-                Err(kube::Error::Api(e)) if e.code == 403 => {
+                Err(SyncError::Leaf(kube::Error::Api(e))) if e.code == 403 => {
                     let mut found = Vec::new();
                     for namespace in &namespaces {
                         found.extend(io.copies(kind, Some(namespace)).await?);
@@ -211,33 +213,43 @@ pub struct Io<'a> {
 
 impl Io<'_> {
     /// The root object's resourceVersion (`None`: it is gone).
-    async fn root_version(&self, object: &Object) -> Result<Option<String>, kube::Error> {
+    async fn root_version(&self, object: &Object) -> Result<Option<String>, SyncError> {
         let (kind, namespace, _, name) = object;
-        Ok(match kind {
+        let meta = match kind {
             Kind::ConfigMap => Api::<ConfigMap>::namespaced(self.root.clone(), namespace)
                 .get_metadata_opt(name)
-                .await?
-                .and_then(|o| o.metadata.resource_version),
+                .await
+                .map(|o| o.map(|o| o.metadata)),
             Kind::Secret => Api::<Secret>::namespaced(self.root.clone(), namespace)
                 .get_metadata_opt(name)
-                .await?
-                .and_then(|o| o.metadata.resource_version),
-        })
+                .await
+                .map(|o| o.map(|o| o.metadata)),
+        };
+        Ok(meta
+            .map_err(SyncError::Root)?
+            .and_then(|m| m.resource_version))
     }
 
-    /// Copies `object` into the leaf unless its copy is current, and deletes the copy when the
-    /// root object is gone; the root version the copy now stands for.
-    async fn copy(&self, object: &Object) -> Result<Option<String>, kube::Error> {
+    /// The root object's leaf copy, and the root version it stands for (`None`, `None`: the
+    /// root object is gone; `None`, `Some`: it is not to be copied).
+    async fn root_copy(
+        &self,
+        object: &Object,
+    ) -> Result<(Option<serde_json::Value>, Option<String>), SyncError> {
         let (kind, namespace, leaf_namespace, name) = object;
-        let (copy, version): (Option<serde_json::Value>, Option<String>) = match kind {
+        let to_value = |v: Result<serde_json::Value, serde_json::Error>| {
+            v.map_err(|e| SyncError::Root(kube::Error::SerdeError(e)))
+        };
+        Ok(match kind {
             Kind::ConfigMap => {
                 let api: Api<ConfigMap> = Api::namespaced(self.root.clone(), namespace);
-                match api.get_opt(name).await? {
+                match api.get_opt(name).await.map_err(SyncError::Root)? {
                     Some(o) => (
-                        Some(
-                            serde_json::to_value(config_map_copy(&o, self.marks, leaf_namespace))
-                                .map_err(kube::Error::SerdeError)?,
-                        ),
+                        Some(to_value(serde_json::to_value(config_map_copy(
+                            &o,
+                            self.marks,
+                            leaf_namespace,
+                        )))?),
                         o.metadata.resource_version,
                     ),
                     None => (None, None),
@@ -245,17 +257,25 @@ impl Io<'_> {
             }
             Kind::Secret => {
                 let api: Api<Secret> = Api::namespaced(self.root.clone(), namespace);
-                match api.get_opt(name).await? {
+                match api.get_opt(name).await.map_err(SyncError::Root)? {
                     Some(o) => (
                         secret_copy(&o, self.marks, leaf_namespace)
-                            .map(|c| serde_json::to_value(c).map_err(kube::Error::SerdeError))
+                            .map(|c| to_value(serde_json::to_value(c)))
                             .transpose()?,
                         o.metadata.resource_version,
                     ),
                     None => (None, None),
                 }
             }
-        };
+        })
+    }
+
+    /// Copies `object` into the leaf unless its copy is current, and deletes the copy when the
+    /// root object is gone; the root version the copy now stands for.
+    async fn copy(&self, object: &Object) -> Result<Option<String>, SyncError> {
+        let (kind, _, leaf_namespace, name) = object;
+        let name = leaf_name(*kind, name);
+        let (copy, version) = self.root_copy(object).await?;
         let existing = self.leaf_meta(*kind, leaf_namespace, name).await?;
         if let Some(meta) = &existing
             && !self.marks.ours(meta)
@@ -277,33 +297,33 @@ impl Io<'_> {
             return Ok(version);
         }
         let params = PatchParams::apply(MANAGER).force();
-        match kind {
-            Kind::ConfigMap => {
-                self.leaf
-                    .patch::<ConfigMap, _>(Some(leaf_namespace), name, &params, &Patch::Apply(copy))
-                    .await?;
-            }
-            Kind::Secret => {
-                self.leaf
-                    .patch::<Secret, _>(Some(leaf_namespace), name, &params, &Patch::Apply(copy))
-                    .await?;
-            }
-        }
+        let written = match kind {
+            Kind::ConfigMap => self
+                .leaf
+                .patch::<ConfigMap, _>(Some(leaf_namespace), name, &params, &Patch::Apply(copy))
+                .await
+                .map(drop),
+            Kind::Secret => self
+                .leaf
+                .patch::<Secret, _>(Some(leaf_namespace), name, &params, &Patch::Apply(copy))
+                .await
+                .map(drop),
+        };
+        written.map_err(SyncError::Leaf)?;
         self.metrics.pod_sync_action("leaf_copy");
         Ok(version)
     }
 
     /// relaylet's copies of `kind` in `namespace` (or every namespace): their namespace, name and
-    /// UID, read a page at a time.
+    /// UID, read a page at a time. Token Secrets (`tokens`) are not among them.
     async fn copies(
         &self,
         kind: Kind,
         namespace: Option<&str>,
-    ) -> Result<Vec<(String, String, Option<String>)>, kube::Error> {
-        let params = ListParams::default()
-            .labels(&self.marks.selector())
-            .limit(PAGE);
-        paged(|token| {
+    ) -> Result<Vec<(String, String, Option<String>)>, SyncError> {
+        let selector = format!("{},!{TOKENS_FOR_LABEL}", self.marks.selector());
+        let params = ListParams::default().labels(&selector).limit(PAGE);
+        let listed = paged(|token| {
             let params = continued(&params, token);
             async move {
                 Ok(match kind {
@@ -336,12 +356,14 @@ impl Io<'_> {
                 })
             }
         })
-        .await
+        .await;
+        listed.map_err(SyncError::Leaf)
     }
 
     /// Deletes `object`'s copy, if it is relaylet's.
-    async fn delete(&self, object: &Object) -> Result<(), kube::Error> {
+    async fn delete(&self, object: &Object) -> Result<(), SyncError> {
         let (kind, _, leaf_namespace, name) = object;
+        let name = leaf_name(*kind, name);
         match self.leaf_meta(*kind, leaf_namespace, name).await? {
             Some(meta) if self.marks.ours(&meta) => {
                 self.delete_copy(*kind, leaf_namespace, name, meta.uid)
@@ -358,7 +380,7 @@ impl Io<'_> {
         namespace: &str,
         name: &str,
         uid: Option<String>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<(), SyncError> {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid,
@@ -384,7 +406,7 @@ impl Io<'_> {
                 Ok(())
             }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-            Err(err) => Err(err),
+            Err(err) => Err(SyncError::Leaf(err)),
         }
     }
 
@@ -393,19 +415,20 @@ impl Io<'_> {
         kind: Kind,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<ObjectMeta>, kube::Error> {
-        Ok(match kind {
+    ) -> Result<Option<ObjectMeta>, SyncError> {
+        let meta = match kind {
             Kind::ConfigMap => self
                 .leaf
                 .get_metadata_opt::<ConfigMap>(namespace, name)
-                .await?
-                .map(|o| o.metadata),
+                .await
+                .map(|o| o.map(|o| o.metadata)),
             Kind::Secret => self
                 .leaf
                 .get_metadata_opt::<Secret>(namespace, name)
-                .await?
-                .map(|o| o.metadata),
-        })
+                .await
+                .map(|o| o.map(|o| o.metadata)),
+        };
+        meta.map_err(SyncError::Leaf)
     }
 }
 

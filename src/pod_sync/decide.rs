@@ -251,6 +251,7 @@ mod tests {
                 marker: "relaylet.io/root-pod-uid".into(),
             },
             leaf_namespace: "team".into(),
+            root_apiserver: None,
             node_taints: vec![],
             node_label_keys: CopyRules::node_label_keys(&BTreeMap::new()),
             host_access: false,

@@ -10,7 +10,8 @@
 //! Node's taints and the scheduling terms aimed at the virtual Node (its labels, its name).
 //! Refused: host access (host namespaces, privileged containers, hostPath volumes) unless the
 //! leaf's Secret allows it, so a root pod's author gains nothing on a leaf's hosts through
-//! relaylet that the leaf's own admission would not grant them.
+//! relaylet that the leaf's own admission would not grant them. With `LEAF_POD_ROOT_APISERVER`
+//! the pod's tokens are the root's (`tokens`).
 //!
 //! After creation only what a pod allows to change is updated: container images, labels,
 //! annotations and `activeDeadlineSeconds` (ephemeral containers go through their own
@@ -26,6 +27,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use super::marks::Marks;
+use super::tokens;
+use crate::config::PodApiserver;
 
 /// The virtual Node labels that only the root's scheduler means: terms on them are dropped.
 const NODE_ONLY_LABELS: [&str; 4] = [
@@ -48,6 +51,9 @@ pub struct CopyRules {
     pub node_label_keys: BTreeSet<String>,
     /// The leaf Secret allows host access (`leaf::HOST_ACCESS_ANNOTATION`).
     pub host_access: bool,
+    /// Where the copies reach the root apiserver with the root's tokens
+    /// (`LEAF_POD_ROOT_APISERVER`, see `tokens`); `None`: the leaf's own service accounts.
+    pub root_apiserver: Option<PodApiserver>,
 }
 
 impl CopyRules {
@@ -119,6 +125,9 @@ pub fn leaf_copy(root: &Pod, rules: &CopyRules) -> Result<Pod, Refused> {
         .affinity
         .take()
         .and_then(|a| kept_affinity(a, &rules.node_label_keys));
+    if let Some(apiserver) = &rules.root_apiserver {
+        tokens::rewrite(&mut spec, &tokens::secret_name(uid), apiserver);
+    }
     let mut metadata = ObjectMeta {
         name: root.metadata.name.clone(),
         namespace: Some(rules.leaf_namespace.clone()),
@@ -339,6 +348,7 @@ mod tests {
                 node: "relaylet-leaf-1".into(),
                 marker: "relaylet.io/root-pod-uid".into(),
             },
+            root_apiserver: None,
             leaf_namespace: "leaf-team".into(),
             node_taints: vec![Taint {
                 key: "virtual-kubelet.io/provider".into(),

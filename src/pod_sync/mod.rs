@@ -10,19 +10,25 @@
 //! - `root_status`: the root pod's status from its copy's;
 //! - `references`: the ConfigMaps and Secrets a pod names, and their leaf copies; `copied`:
 //!   those copies made, kept in step, deleted when no pod names them;
+//! - `tokens`: the root's service-account tokens for the pods, in a Secret per pod in the leaf;
+//! - `leaf_events`: the leaf's Events about the copies, told on their root pods;
 //! - `marks`: what makes a leaf pod relaylet's, and which root pods relaylet runs;
-//! - `queue`: the work queue (one worker per pod at a time).
+//! - `queue`: the work queue (one worker per pod at a time); `sync_error`: a failed call, by
+//!   side.
 //!
 //! It uses `model`, `ops`, `kube_client` and `leaf`.
 
 mod copied;
 mod decide;
 mod leaf_copy;
+mod leaf_events;
 mod marks;
 mod queue;
 mod references;
 mod root_status;
+mod sync_error;
 mod syncer;
+mod tokens;
 
 pub use marks::{NODE_LABEL, OWNER_LABEL, RUN_DAEMONSET_ANNOTATION};
 pub use syncer::{Context, LeafPodSync};

@@ -4,8 +4,9 @@
 //!
 //! A copy carries the marks of a pod copy (this install, this Node) and the root object's
 //! resourceVersion it was made from, so it is written again only when the root object changed.
-//! The root namespace's `kube-root-ca.crt` is never copied (the leaf has its own, which the
-//! leaf's service-account tokens go with), nor are service-account token Secrets.
+//! The root namespace's `kube-root-ca.crt` is copied only for pods whose tokens are the root's
+//! (`tokens`), and then as [`ROOT_CA_COPY`], beside the leaf's own (which the leaf's tokens go
+//! with). Service-account token Secrets are never copied.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,7 +19,9 @@ use super::marks::{Marks, NODE_LABEL, OWNER_LABEL};
 pub const SOURCE_VERSION: &str = "relaylet.io/source-version";
 
 /// The ConfigMap every namespace has, of its own cluster's CA.
-const ROOT_CA: &str = "kube-root-ca.crt";
+pub const ROOT_CA: &str = "kube-root-ca.crt";
+/// The name of the root's `kube-root-ca.crt` in the leaf.
+pub const ROOT_CA_COPY: &str = "relaylet-root-ca.crt";
 
 /// A kind of object a pod names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,11 +42,21 @@ impl Kind {
 /// The objects one pod names, by kind and name (in the pod's namespace).
 pub type References = BTreeSet<(Kind, String)>;
 
-/// The ConfigMaps and Secrets `spec` names.
-pub fn references(spec: &PodSpec) -> References {
+/// The leaf name of the copy of root object `name`.
+pub fn leaf_name(kind: Kind, name: &str) -> &str {
+    if kind == Kind::ConfigMap && name == ROOT_CA {
+        ROOT_CA_COPY
+    } else {
+        name
+    }
+}
+
+/// The ConfigMaps and Secrets `spec` names (`kube-root-ca.crt` only with `root_ca`: the pod's
+/// tokens are the root's).
+pub fn references(spec: &PodSpec, root_ca: bool) -> References {
     let mut out = References::new();
     let mut add = |kind: Kind, name: &str| {
-        if !(name.is_empty() || kind == Kind::ConfigMap && name == ROOT_CA) {
+        if !(name.is_empty() || !root_ca && kind == Kind::ConfigMap && name == ROOT_CA) {
             out.insert((kind, name.to_string()));
         }
     };
@@ -101,13 +114,13 @@ pub fn references(spec: &PodSpec) -> References {
     out
 }
 
-/// The metadata of a copy of root object `root` in `namespace`.
-fn copy_meta(root: &ObjectMeta, marks: &Marks, namespace: &str) -> ObjectMeta {
+/// The metadata of a copy of root object `root` (a `kind`) in `namespace`.
+fn copy_meta(kind: Kind, root: &ObjectMeta, marks: &Marks, namespace: &str) -> ObjectMeta {
     let mut labels = root.labels.clone().unwrap_or_default();
     labels.insert(OWNER_LABEL.to_string(), marks.owner.clone());
     labels.insert(NODE_LABEL.to_string(), marks.node.clone());
     ObjectMeta {
-        name: root.name.clone(),
+        name: root.name.as_deref().map(|n| leaf_name(kind, n).to_string()),
         namespace: Some(namespace.to_string()),
         labels: Some(labels),
         annotations: Some(BTreeMap::from([(
@@ -121,7 +134,7 @@ fn copy_meta(root: &ObjectMeta, marks: &Marks, namespace: &str) -> ObjectMeta {
 /// The leaf copy of ConfigMap `root` in `namespace`.
 pub fn config_map_copy(root: &ConfigMap, marks: &Marks, namespace: &str) -> ConfigMap {
     ConfigMap {
-        metadata: copy_meta(&root.metadata, marks, namespace),
+        metadata: copy_meta(Kind::ConfigMap, &root.metadata, marks, namespace),
         data: root.data.clone(),
         binary_data: root.binary_data.clone(),
         immutable: root.immutable,
@@ -136,7 +149,7 @@ pub fn secret_copy(root: &Secret, marks: &Marks, namespace: &str) -> Option<Secr
         return None;
     }
     Some(Secret {
-        metadata: copy_meta(&root.metadata, marks, namespace),
+        metadata: copy_meta(Kind::Secret, &root.metadata, marks, namespace),
         data: root.data.clone(),
         string_data: None,
         type_: root.type_.clone(),
@@ -187,7 +200,7 @@ mod tests {
             "ephemeralContainers": [{"name": "debug", "envFrom": [{"configMapRef": {"name": "cm-debug"}}]}]
         }))
         .unwrap();
-        let got: Vec<String> = references(&spec)
+        let got: Vec<String> = references(&spec, false)
             .into_iter()
             .map(|(k, n)| format!("{}/{n}", k.name()))
             .collect();
@@ -207,6 +220,22 @@ mod tests {
             ],
             "kube-root-ca.crt is the leaf's own"
         );
+        // With the root's tokens, the root's CA goes with them, under another name.
+        let with_tokens = references(&spec, true);
+        assert!(with_tokens.contains(&(Kind::ConfigMap, ROOT_CA.to_string())));
+        assert_eq!(leaf_name(Kind::ConfigMap, ROOT_CA), "relaylet-root-ca.crt");
+        assert_eq!(
+            leaf_name(Kind::Secret, ROOT_CA),
+            ROOT_CA,
+            "only the ConfigMap"
+        );
+        let root_ca: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "kube-root-ca.crt", "resourceVersion": "1"},
+            "data": {"ca.crt": "PEM"}
+        }))
+        .unwrap();
+        let copy = config_map_copy(&root_ca, &marks(), "leaf-team");
+        assert_eq!(copy.metadata.name.as_deref(), Some("relaylet-root-ca.crt"));
     }
 
     fn marks() -> Marks {

@@ -28,10 +28,14 @@ use tokio::time::Instant;
 use super::copied::{Copied, Io};
 use super::decide::{Facts, LeafAction, Plan, RootAction, decide, leaf_reason};
 use super::leaf_copy::CopyRules;
+use super::leaf_events::{LeafEvents, RootPod};
 use super::marks::Marks;
 use super::queue::Queue;
 use super::references::references;
 use super::root_status::{self, Restarts};
+use super::sync_error::SyncError;
+use super::tokens;
+use crate::config::PodApiserver;
 use crate::kube_client::{Calls, LeanWatch};
 use crate::leaf::Leaf;
 use crate::model::slim_pod::SlimPod;
@@ -74,6 +78,9 @@ pub struct Context {
     pub marker: String,
     /// The virtual Node's address (the pods' `hostIP`): this replica's.
     pub host_ip: String,
+    /// Where the pods reach the root apiserver with the root's tokens
+    /// (`LEAF_POD_ROOT_APISERVER`); `None`: the leaf's own service accounts.
+    pub root_apiserver: Option<PodApiserver>,
     pub metrics: Metrics,
 }
 
@@ -97,6 +104,7 @@ impl LeafPodSync {
             node: context.leaf.node_name.clone(),
             marker: context.marker.clone(),
         };
+        let context_leaf_name = context.leaf.name.clone();
         let shared = Arc::new(Shared {
             context,
             marks,
@@ -105,6 +113,9 @@ impl LeafPodSync {
             memory: Mutex::default(),
             ensured: Mutex::default(),
             copied: Copied::new(),
+            events: LeafEvents::new(&context_leaf_name),
+            copy_keys: Mutex::default(),
+            root_uids: Mutex::default(),
         });
         LeafPodSync {
             task: tokio::spawn(shared.run(root_pods)),
@@ -125,6 +136,12 @@ struct Shared {
     ensured: Mutex<HashSet<(String, String)>>,
     /// The ConfigMaps and Secrets the pods name, copied into the leaf.
     copied: Copied,
+    /// The leaf's Events about the copies, told on the root pods.
+    events: LeafEvents,
+    /// The root pod each copy in the leaf stands for, by the copy's UID (from the leaf watch).
+    copy_keys: Mutex<HashMap<String, Key>>,
+    /// The UID of each root pod, as last read.
+    root_uids: Mutex<HashMap<Key, String>>,
 }
 
 impl Drop for Shared {
@@ -144,15 +161,10 @@ struct Memory {
     leaf_reason: Option<(String, String)>,
     /// The waits after failed reconciles.
     retry: Option<Backoff>,
-}
-
-/// Why a reconcile failed; the pod is tried again later.
-#[derive(Debug, thiserror::Error)]
-enum SyncError {
-    #[error("root: {0}")]
-    Root(kube::Error),
-    #[error("leaf: {0}")]
-    Leaf(kube::Error),
+    /// When its root tokens are next due (`tokens`).
+    tokens_due: Option<Timestamp>,
+    /// The root pod's UID, as last read (its tokens Secret is named by it).
+    root_uid: Option<String>,
 }
 
 impl Shared {
@@ -178,10 +190,22 @@ impl Shared {
                 if let Err(err) = self.copied.sweep(&self.io()).await {
                     tracing::warn!(leaf = %self.context.leaf.name, %err, "sweeping the leaf's copies no pod names");
                 }
+                if self.context.root_apiserver.is_some() {
+                    let live: HashSet<String> = lock(&self.root_uids).values().cloned().collect();
+                    if let Err(err) = self.tokens().sweep(&live).await {
+                        tracing::warn!(leaf = %self.context.leaf.name, %err, "sweeping the leaf's token Secrets of pods gone");
+                    }
+                }
                 tokio::time::sleep(RESYNC).await;
                 self.enqueue_known();
             }
         };
+        let events = self.events.follow(
+            self.context.leaf.client(),
+            &self.context.root,
+            |uid| self.copy_of(uid),
+            &self.context.metrics,
+        );
         let refresh = async {
             loop {
                 self.copied
@@ -194,8 +218,30 @@ impl Shared {
             self.clone().watch_leaf(leaf_listed),
             workers,
             resync,
-            refresh
+            refresh,
+            events
         );
+    }
+
+    /// The root pod the copy with UID `uid` stands for.
+    fn copy_of(&self, uid: &str) -> Option<RootPod> {
+        let key = lock(&self.copy_keys).get(uid)?.clone();
+        let root_uid = lock(&self.root_uids).get(&key)?.clone();
+        Some(RootPod {
+            namespace: key.0,
+            name: key.1,
+            uid: root_uid,
+        })
+    }
+
+    /// Where the pods' root tokens are requested and kept.
+    fn tokens(&self) -> tokens::Io<'_> {
+        tokens::Io {
+            root: &self.context.root,
+            leaf: self.context.leaf.client(),
+            marks: &self.marks,
+            metrics: &self.context.metrics,
+        }
     }
 
     /// Where the copies of ConfigMaps and Secrets are read and written.
@@ -241,10 +287,16 @@ impl Shared {
                 }
                 Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => {
                     if let Some(key) = self.root_key_of_copy(&pod) {
+                        if let Some(uid) = pod.metadata.uid {
+                            lock(&self.copy_keys).insert(uid, key.clone());
+                        }
                         self.saw(key);
                     }
                 }
                 Ok(watcher::Event::Delete(pod)) => {
+                    if let Some(uid) = &pod.metadata.uid {
+                        lock(&self.copy_keys).remove(uid);
+                    }
                     if let Some(key) = self.root_key_of_copy(&pod) {
                         // The copy's last word on why it went (an eviction's reason).
                         if let Some(status) = pod.status.as_ref()
@@ -294,19 +346,17 @@ impl Shared {
                 }
                 Ok(Done::Keep) => {
                     memory.retry = None;
+                    let due = memory.tokens_due.map(until);
                     lock(&self.memory).insert(key.clone(), memory);
-                    None
+                    due
                 }
                 Ok(Done::After(wait)) => {
+                    let due = memory.tokens_due.map(until);
                     lock(&self.memory).insert(key.clone(), memory);
-                    Some(wait)
+                    Some(due.map_or(wait, |due| due.min(wait)))
                 }
                 Err(err) => {
-                    let side = match err {
-                        SyncError::Root(_) => "root",
-                        SyncError::Leaf(_) => "leaf",
-                    };
-                    self.context.metrics.pod_sync_error(side);
+                    self.context.metrics.pod_sync_error(err.side());
                     let wait = memory
                         .retry
                         .get_or_insert_with(|| Backoff::new(FIRST_RETRY, MAX_RETRY).jittered())
@@ -334,6 +384,10 @@ impl Shared {
             .map_err(SyncError::Root)?
             // A pod of that name on another node is another pod.
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
+        match root.as_ref().and_then(|r| r.metadata.uid.clone()) {
+            Some(uid) => lock(&self.root_uids).insert(key.clone(), uid),
+            None => lock(&self.root_uids).remove(key),
+        };
         let Some(leaf_namespace) = self.context.leaf.namespaces.leaf_namespace(namespace) else {
             return self.unmapped(&roots, root.as_ref(), memory).await;
         };
@@ -344,11 +398,16 @@ impl Shared {
             .get_opt::<Pod>(Some(leaf_namespace), name)
             .await
             .map_err(SyncError::Leaf)?;
+        if let Some(uid) = root.as_ref().and_then(|r| r.metadata.uid.clone()) {
+            memory.root_uid = Some(uid);
+        }
         if root.is_none() && leaf.is_none() {
-            self.copied
-                .forget(&self.io(), key)
-                .await
-                .map_err(SyncError::Leaf)?;
+            self.copied.forget(&self.io(), key).await?;
+            if self.context.root_apiserver.is_some()
+                && let Some(uid) = &memory.root_uid
+            {
+                self.tokens().forget(leaf_namespace, uid).await?;
+            }
             return Ok(Done::Forget);
         }
         if let Some(said) = leaf.as_ref().and_then(leaf_reason) {
@@ -360,6 +419,7 @@ impl Shared {
             node_taints: self.context.node_taints.clone(),
             node_label_keys: CopyRules::node_label_keys(&self.context.leaf.node_labels),
             host_access: self.context.leaf.host_access,
+            root_apiserver: self.context.root_apiserver.clone(),
         };
         let facts = Facts {
             rules: &rules,
@@ -379,13 +439,26 @@ impl Shared {
                     && self.marks.root_uid(&l.metadata)
                         == root.as_ref().and_then(|r| r.metadata.uid.as_deref())
             });
+        let forwarding = self.context.root_apiserver.is_some();
         if let Some(root) = root.as_ref().filter(|_| runs)
             && let Some(spec) = &root.spec
         {
             self.copied
-                .follow(&self.io(), key, leaf_namespace, &references(spec))
-                .await
-                .map_err(SyncError::Leaf)?;
+                .follow(
+                    &self.io(),
+                    key,
+                    leaf_namespace,
+                    &references(spec, forwarding),
+                )
+                .await?;
+            let ended =
+                root_status::terminal(root.status.as_ref().and_then(|s| s.phase.as_deref()));
+            if forwarding && root.metadata.deletion_timestamp.is_none() && !ended {
+                memory.tokens_due = self
+                    .tokens()
+                    .ensure(root, leaf_namespace, memory.tokens_due)
+                    .await?;
+            }
         }
         let refused = match leaf_action {
             Some(action) => self.act_in_leaf(leaf_namespace, name, action).await?,
@@ -678,6 +751,13 @@ enum Done {
     Keep,
     /// Look again after this (a status write held back, a write that met a newer pod).
     After(Duration),
+}
+
+/// The wait from now until `at` (none if it is past).
+fn until(at: Timestamp) -> Duration {
+    at.duration_since(Timestamp::now())
+        .try_into()
+        .unwrap_or(Duration::ZERO)
 }
 
 /// Whether the leaf refused a pod for what it is (its admission: Pod Security, a policy, an

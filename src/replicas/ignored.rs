@@ -14,12 +14,13 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
 
 use super::identity::Ignored;
 use crate::caps::TokenBucket;
+use crate::model::event::{Said, event};
 use crate::ops::Metrics;
 
 /// The Event reason.
@@ -103,38 +104,29 @@ impl IgnoredLeases {
         }
     }
 
-    /// A Warning Event about `lease` (a plain create, as `leaf::refusal` explains).
+    /// A Warning Event about `lease`.
     fn event(&self, lease: &Lease, holder: &str, why: Ignored) -> Event {
-        let now = k8s_openapi::jiff::Timestamp::now();
         let name = lease.metadata.name.clone().unwrap_or_default();
-        let prefix: String = name.chars().take(200).collect();
-        let prefix = prefix.trim_end_matches(['-', '.']);
-        Event {
-            metadata: ObjectMeta {
-                name: Some(format!("{prefix}.{:x}", now.as_nanosecond())),
-                ..ObjectMeta::default()
-            },
-            event_time: Some(MicroTime(now)),
-            type_: Some("Warning".to_string()),
-            reason: Some(EVENT_REASON.to_string()),
-            action: Some("Ignore".to_string()),
-            note: Some(format!(
-                "relaylet does not count Lease {name} (holder {holder}): {}",
-                why.explain()
-            )),
-            reporting_controller: Some("relaylet".to_string()),
-            reporting_instance: Some(self.0.instance.chars().take(128).collect()),
-            regarding: Some(ObjectReference {
-                api_version: Some("coordination.k8s.io/v1".to_string()),
-                kind: Some("Lease".to_string()),
-                name: Some(name),
-                namespace: lease.metadata.namespace.clone(),
-                uid: lease.metadata.uid.clone(),
-                resource_version: lease.metadata.resource_version.clone(),
-                ..ObjectReference::default()
-            }),
-            ..Event::default()
-        }
+        let note = format!(
+            "relaylet does not count Lease {name} (holder {holder}): {}",
+            why.explain()
+        );
+        let regarding = ObjectReference {
+            api_version: Some("coordination.k8s.io/v1".to_string()),
+            kind: Some("Lease".to_string()),
+            name: Some(name),
+            namespace: lease.metadata.namespace.clone(),
+            uid: lease.metadata.uid.clone(),
+            resource_version: lease.metadata.resource_version.clone(),
+            ..ObjectReference::default()
+        };
+        let said = Said {
+            type_: "Warning",
+            reason: EVENT_REASON,
+            action: "Ignore",
+            note: &note,
+        };
+        event(regarding, &said, &self.0.instance, Timestamp::now())
     }
 }
 

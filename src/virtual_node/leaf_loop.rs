@@ -441,6 +441,7 @@ impl Controller {
                     owner: self.owner.clone(),
                     marker,
                     host_ip: self.config.leaf_node_ip.to_string(),
+                    root_apiserver: self.config.leaf_pod_root_apiserver.clone(),
                     metrics: self.metrics.clone(),
                 },
                 root_pods,

@@ -539,6 +539,7 @@ fn expected_permissions(
     cluster_ca: bool,
     leader: bool,
     pod_sync: bool,
+    tokens: bool,
     leaf_ns: &str,
 ) -> BTreeSet<Grant> {
     let mut g = Vec::new();
@@ -558,6 +559,12 @@ fn expected_permissions(
         // src/pod_sync/copied.rs: what the pods name, read by name to copy it into the leaf.
         g.extend(grant("*", "", "configmaps", "", &["get"]));
         g.extend(grant("*", "", "secrets", "", &["get"]));
+        // src/pod_sync/leaf_events.rs: the leaf's Events about a copy, told on its pod.
+        g.extend(grant("*", "events.k8s.io", "events", "", &["create"]));
+        if tokens {
+            // src/pod_sync/tokens.rs: each pod's tokens, bound to it.
+            g.extend(grant("*", "", "serviceaccounts/token", "", &["create"]));
+        }
     }
     if webhook {
         g.extend(grant(
@@ -1009,6 +1016,10 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     assert_eq!(r.env_value("LEAF_MAX_PODS"), Some("150000"));
     assert_eq!(r.env_value("LEAF_MAX_NODES"), Some("5000"));
     assert_eq!(r.env_value("LEAF_POD_SYNC"), Some("true"));
+    assert!(
+        r.env("LEAF_POD_ROOT_APISERVER").is_none(),
+        "tokens stay the leaf's"
+    );
     assert_eq!(r.env_value("LEAF_POD_MATCH"), Some("root-uid"));
     assert!(r.env("LEAF_POD_MARKER").is_none());
     assert_eq!(r.env_value("AUTH_MODE"), Some("webhook"));
@@ -1024,7 +1035,7 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     assert!(r.network_policies.is_empty() && r.secrets.is_empty());
     assert_eq!(
         r.permissions(),
-        expected_permissions(true, true, true, true, NAMESPACE)
+        expected_permissions(true, true, true, true, false, NAMESPACE)
     );
 }
 
@@ -1153,7 +1164,7 @@ fn existing_secrets_x509_and_leaf_clusters_from_values() {
     );
     assert_eq!(
         r.permissions(),
-        expected_permissions(false, false, true, false, leaf_ns)
+        expected_permissions(false, false, true, false, false, leaf_ns)
     );
 
     let port = values["nodeServer"]["port"].as_i64().unwrap();
@@ -1343,14 +1354,18 @@ fn a_single_replica_has_no_election_and_no_disruption_budget() {
     assert_eq!(r.env_value("LEADER_ELECT"), Some("false"));
     assert!(r.pdbs.is_empty());
     assert_eq!(
+        r.env_value("LEAF_POD_ROOT_APISERVER"),
+        Some("https://203.0.113.10:6443")
+    );
+    assert_eq!(
         r.permissions(),
-        expected_permissions(true, true, false, true, NAMESPACE)
+        expected_permissions(true, true, false, true, true, NAMESPACE)
     );
 }
 
 #[test]
 fn bad_values_are_refused_by_the_schema() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["--set", "nodeServer.port=0"], "/nodeServer/port"),
         (&["--set", "nodeServer.port=70000"], "/nodeServer/port"),
         (&["--set", "nodeServer.port=https"], "/nodeServer/port"),
@@ -1367,6 +1382,10 @@ fn bad_values_are_refused_by_the_schema() {
         ),
         (&["--set", "servingCert.mode=secret"], "/servingCert"),
         (&["--set", "stream.idleTimeout=4 hours"], "idleTimeout"),
+        (
+            &["--set", "podSync.rootApiserver=http://10.0.0.1:6443"],
+            "rootApiserver",
+        ),
         (
             &[
                 "--set",
@@ -1511,6 +1530,7 @@ fn leaf_permissions(pod_sync: bool) -> BTreeSet<Grant> {
         want.extend(grant("*", "", "pods/ephemeralcontainers", "", &["patch"]));
         want.extend(grant("*", "", "namespaces", "", &["get", "create"]));
         want.extend(grant("*", "", "serviceaccounts", "", &["get", "create"]));
+        want.extend(grant("*", "", "events", "", &["list", "watch"]));
         for copied in ["configmaps", "secrets"] {
             want.extend(grant(
                 "*",

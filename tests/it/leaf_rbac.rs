@@ -70,6 +70,7 @@ fn the_manifest_grants_exactly_what_relaylet_uses() {
             // missing, the pods created, updated and deleted, kubectl debug's containers added,
             // the ConfigMaps and Secrets they name copied beside them and cleaned up.
             "/configmaps:create,delete,get,list,patch",
+            "/events:list,watch",
             "/namespaces:create,get",
             "/nodes:get,list,watch",
             "/pods/attach:create,get",
@@ -238,6 +239,7 @@ fn the_namespaced_manifest_grants_the_same_calls_with_streams_only_per_namespace
     assert_eq!(
         grants_of(&role("relaylet-leaf-read")),
         [
+            "/events:list,watch",
             "/nodes:get,list,watch",
             "/pods:get,list,watch",
             "metrics.k8s.io/pods:get,list",

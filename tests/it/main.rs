@@ -29,6 +29,7 @@ mod metrics;
 mod namespace_caps;
 mod node_reads;
 mod pod_sync;
+mod pod_tokens;
 mod root_connections;
 mod security;
 mod shutdown;

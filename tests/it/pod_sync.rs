@@ -563,3 +563,137 @@ fn the_config_maps_and_secrets_a_pod_names_are_copied_kept_in_step_and_cleaned_u
         assert!(root_secrets.get_opt("copied-secret").await.unwrap().is_some());
     });
 }
+
+/// The counter `relaylet_pod_sync_actions_total{action}` as the sandbox's relaylet serves it.
+async fn actions(e: &Env, action: &str) -> f64 {
+    let got = support::metrics::http_get(e.sandbox.relaylet.metrics_addr, "/metrics").await;
+    let scrape = support::metrics::parse(&got.body);
+    support::metrics::value(
+        &scrape,
+        "relaylet_pod_sync_actions_total",
+        &[("action", action)],
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+fn the_leafs_events_about_a_copy_are_told_on_its_root_pod_and_a_flood_is_cut() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let e = sandbox();
+    RT.block_on(async {
+        let roots = root_pods(e).await;
+        let leaves = leaf_pods(e).await;
+        let kubeconfig = e.sandbox.leaves["leaf-1"].admin_kubeconfig().unwrap();
+        let leaf = relaylet_dev::sandbox::kube_client(&kubeconfig)
+            .await
+            .unwrap();
+        let leaf_events: Api<CoreEvent> = Api::namespaced(leaf, "default");
+        let root_events: Api<Event> = Api::namespaced(e.root_client().await, "default");
+        let pp = PostParams::default();
+        let root_uid = roots
+            .create(&pp, &pod("eventful", "sleep 600", json!({})))
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap();
+        let copy = until(
+            "the copy",
+            async || leaves.get_opt("eventful").await.unwrap(),
+            Option::is_some,
+        )
+        .await
+        .unwrap();
+        // A leaf pod that is not relaylet's, in the same namespace.
+        let native: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "native"},
+            "spec": {"containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "600"]}]}
+        }))
+        .unwrap();
+        let native = leaves.create(&pp, &native).await.unwrap();
+        // As the leaf's kubelet writes them (core/v1, with a source).
+        let leaf_event = |name: &str, about: &Pod, reason: &str| -> CoreEvent {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": "default",
+                    "name": about.metadata.name, "uid": about.metadata.uid,
+                    "fieldPath": "spec.containers{main}"},
+                "type": "Normal", "reason": reason, "message": format!("{reason} in the leaf"),
+                "source": {"component": "kubelet", "host": "leaf-1-node"},
+                "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z",
+                "count": 1
+            }))
+            .unwrap()
+        };
+        leaf_events
+            .create(&pp, &leaf_event("native.1", &native, "NotOurs"))
+            .await
+            .unwrap();
+        leaf_events
+            .create(&pp, &leaf_event("eventful.1", &copy, "Pulled"))
+            .await
+            .unwrap();
+        let about_the_pod = async || {
+            root_events
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|ev| {
+                    ev.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(root_uid.as_str())
+                })
+                .collect::<Vec<_>>()
+        };
+        let told = until("the leaf's Event told on the root pod", about_the_pod, |evs| {
+            !evs.is_empty()
+        })
+        .await;
+        assert_eq!(told.len(), 1, "{told:?}");
+        let told = &told[0];
+        assert_eq!(told.reason.as_deref(), Some("Pulled"));
+        assert_eq!(told.note.as_deref(), Some("Pulled in the leaf"));
+        assert_eq!(told.reporting_controller.as_deref(), Some("relaylet"));
+        assert_eq!(told.reporting_instance.as_deref(), Some("leaf-1"));
+        let regarding = told.regarding.as_ref().unwrap();
+        assert_eq!(regarding.name.as_deref(), Some("eventful"));
+        assert_eq!(regarding.field_path.as_deref(), Some("spec.containers{main}"));
+        // The Event about the leaf's own pod, written before, was not told.
+        let all = root_events.list(&Default::default()).await.unwrap().items;
+        assert!(
+            all.iter().all(|ev| ev.reason.as_deref() != Some("NotOurs")),
+            "{all:?}"
+        );
+
+        // A flood from the leaf is cut to the budget; what was not told is counted.
+        let before = (actions(e, "root_event").await, actions(e, "root_event_dropped").await);
+        const FLOOD: usize = 300;
+        for i in 0..FLOOD {
+            leaf_events
+                .create(&pp, &leaf_event(&format!("eventful.flood-{i}"), &copy, "Flood"))
+                .await
+                .unwrap();
+        }
+        let (told, dropped) = until(
+            "every flooded Event told or counted as dropped",
+            async || {
+                (
+                    actions(e, "root_event").await - before.0,
+                    actions(e, "root_event_dropped").await - before.1,
+                )
+            },
+            |(t, d)| (t + d) as usize >= FLOOD,
+        )
+        .await;
+        assert!(dropped >= 1.0 && told < FLOOD as f64, "told {told}, dropped {dropped}");
+        roots
+            .delete("eventful", &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+        leaves
+            .delete("native", &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    });
+}

@@ -1,13 +1,13 @@
 //! Pods that run, as they ship: relaylet installed by the chart from the image (two replicas on
 //! a real root node), a real leaf whose node is the real kubelet with containerd, a real
 //! kube-scheduler and controller-manager on both sides. Workloads a user writes in the root run
-//! in the leaf's containers: a Deployment with an init container becomes Running and Ready,
-//! `kubectl exec` and `logs -f` reach its pods, scaling down deletes their copies, a deleted pod
-//! gets SIGTERM within its grace before the root pod goes, a container that crashes shows its
-//! restarts, a copy deleted in the leaf fails its root pod and the ReplicaSet replaces it, a
-//! Job completes, host access is refused, the ConfigMaps and Secrets a pod names reach its
-//! container (and a ConfigMap's change its mounted file), and killing the replica that serves
-//! the Node during a rollout leaves no duplicate and no orphan in the leaf.
+//! in the leaf's containers: a Deployment with an init container, a ConfigMap volume and a
+//! Secret env becomes Running and Ready, `kubectl exec` and `logs -f` reach its pods, scaling
+//! down deletes their copies, a deleted pod gets SIGTERM within its grace before the root pod
+//! goes, a container that crashes shows its restarts, a copy deleted in the leaf fails its root
+//! pod and the ReplicaSet replaces it, a Job completes, host access is refused, a ConfigMap's
+//! change reaches its mounted file and the leaf's Events show on the root pod, and killing the
+//! replica that serves the Node during a rollout leaves no duplicate and no orphan in the leaf.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -75,6 +75,12 @@ const TICKS: &str = "trap 'echo got TERM; exit 0' TERM; i=0; while true; do echo
 /// The Deployment: an init container writes a file the main container reads and its readiness
 /// probe checks.
 fn deployment(name: &str, replicas: u32) -> String {
+    configured_deployment(name, replicas, "", "")
+}
+
+/// [`deployment`], its main container also given `env` and `mounts` (YAML list items at the
+/// container's indentation) and the pod `volumes`.
+fn configured_deployment(name: &str, replicas: u32, env: &str, volumes: &str) -> String {
     let script = format!("cat /work/init; {TICKS}");
     format!(
         r#"apiVersion: apps/v1
@@ -95,11 +101,16 @@ spec:
           command: [sh, -c, "echo initialized > /work/init"]
           volumeMounts: [{{name: work, mountPath: /work}}]
       containers:
-{}          volumeMounts: [{{name: work, mountPath: /work}}]
+{}          volumeMounts: [{{name: work, mountPath: /work}}{mounts}]
           readinessProbe: {{exec: {{command: [cat, /work/init]}}, periodSeconds: 1}}
-      volumes: [{{name: work, emptyDir: {{}}}}]
+{env}      volumes: [{{name: work, emptyDir: {{}}}}{volumes}]
 "#,
-                busybox(&script)
+                busybox(&script),
+                mounts = if volumes.is_empty() {
+                    ""
+                } else {
+                    ", {name: config, mountPath: /config}"
+                },
             )
         )
     )
@@ -155,8 +166,25 @@ fn copies(w: &World, selector: &str) -> Vec<(String, String, String, String)> {
 fn a_deployment_runs_in_the_leafs_containers_and_kubectl_reaches_it() {
     let w = world();
     let _alone = alone();
-    w.root
-        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&deployment("web", 3)));
+    w.root.kubectl_ok(&[
+        "create",
+        "configmap",
+        "web-config",
+        "--from-literal=greeting=hello",
+    ]);
+    w.root.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "web-secret",
+        "--from-literal=password=s3cret",
+    ]);
+    let env = "          env: [{name: PASSWORD, valueFrom: {secretKeyRef: {name: web-secret, key: password}}}]\n";
+    let volumes = ", {name: config, configMap: {name: web-config}}";
+    w.root.kubectl_stdin_ok(
+        &["apply", "-f", "-"],
+        Some(&configured_deployment("web", 3, env, volumes)),
+    );
     eventually("three pods Running and Ready in the root", || {
         let pods = root_pods(w, "app=web");
         pods.len() == 3 && pods.iter().all(|p| p.2 == "Running" && p.3 == "True")
@@ -192,6 +220,22 @@ fn a_deployment_runs_in_the_leafs_containers_and_kubectl_reaches_it() {
         "initialized\n",
         "the init container ran first"
     );
+    // The ConfigMap volume and the Secret env, copied from the root.
+    let out = Run::new(
+        &k,
+        kubeconfig,
+        &[
+            "exec",
+            &pod,
+            "--",
+            "sh",
+            "-c",
+            "cat /config/greeting; echo \" $PASSWORD\"",
+        ],
+    )
+    .output();
+    assert!(out.status.success(), "{}", describe(&k, &out));
+    assert_eq!(text(&out.stdout), "hello s3cret\n");
 
     // logs -f follows the container through the root, relaylet and the leaf.
     let mut follow = std::process::Command::new(&k.path)
@@ -219,6 +263,8 @@ fn a_deployment_runs_in_the_leafs_containers_and_kubectl_reaches_it() {
     w.root
         .kubectl_ok(&["delete", "deployment", "web", "--wait=true"]);
     eventually("no copy left", || copies(w, "app=web").is_empty());
+    w.root
+        .kubectl_ok(&["delete", "configmap/web-config", "secret/web-secret"]);
 }
 
 /// A pod reading a ConfigMap (a mounted volume) and a Secret (an env var) from the root.
@@ -275,6 +321,20 @@ fn the_config_maps_and_secrets_a_pod_names_reach_its_container_and_follow_the_ro
         exec("cat /config/greeting; echo; echo $PASSWORD"),
         "hello\ns3cret\n"
     );
+    // The leaf kubelet's Events about the copy are told on the root pod.
+    eventually("the leaf's Started Event on the root pod", || {
+        get(
+            w,
+            false,
+            &[
+                "events",
+                "--field-selector",
+                "involvedObject.name=files,reason=Started",
+            ],
+            "{.items[*].reportingComponent}",
+        )
+        .contains("relaylet")
+    });
     // The leaf kubelet brings a mounted ConfigMap's change into the container (within its sync
     // period, about a minute); relaylet's part is the copy.
     w.root.kubectl_ok(&[

@@ -30,6 +30,8 @@ pub struct App {
     pub store: Store,
     pub policy: Policy,
     pub tokens: Vec<(String, UserInfo)>,
+    /// The service-account tokens TokenRequests issued.
+    pub issued: super::token_request::Issued,
     /// How to reach kubelets; None answers kubelet calls with 503.
     pub kubelet: Option<crate::kubelet_proxy::KubeletClient>,
     /// `host:port` advertised in `/api`.
@@ -85,7 +87,13 @@ async fn serve(app: Arc<App>, req: Request) -> Result<Response, Failure> {
         req.headers(),
         req.extensions().get::<PeerCert>(),
         &app.tokens,
-    )?;
+    )
+    .or_else(|failure| {
+        auth::bearer_token(req.headers())
+            .and_then(|token| app.issued.user(&token, &app.store))
+            .map(UserInfo::authenticated)
+            .ok_or(failure)
+    })?;
     let query = Query::parse(&req)?;
     match route::parse(req.uri().path())? {
         Target::NonResource => non_resource(&app, &user, &req),
@@ -213,6 +221,13 @@ async fn resource(
     }
 
     let kind = target.kind;
+    if kind.resource == "serviceaccounts" && target.subresource == "token" {
+        if verb != "create" {
+            return Err(Failure::method_not_allowed(verb, kind));
+        }
+        let body = read_json(req).await?;
+        return super::token_request::issue(&app.store, &app.issued, &target, body);
+    }
     match kind.flavor {
         Flavor::Review => {
             if verb != "create" {

@@ -36,7 +36,7 @@ impl UserInfo {
     }
 
     /// The same user with `system:authenticated` added, as upstream's authenticators do.
-    fn authenticated(mut self) -> Self {
+    pub fn authenticated(mut self) -> Self {
         if !self.groups.iter().any(|g| g == "system:authenticated") {
             self.groups.push("system:authenticated".to_string());
         }
@@ -73,6 +73,11 @@ pub fn token_user(token: &str, tokens: &[(String, UserInfo)]) -> Option<UserInfo
         .iter()
         .find(|(t, _)| t == token)
         .map(|(_, u)| u.clone().authenticated())
+}
+
+/// The bearer token of a request (a header, or a WebSocket protocol), if it has one.
+pub fn bearer_token(headers: &HeaderMap) -> Option<String> {
+    bearer(headers).or_else(|| websocket_bearer(headers))
 }
 
 fn bearer(headers: &HeaderMap) -> Option<String> {

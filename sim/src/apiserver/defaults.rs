@@ -74,6 +74,21 @@ fn pod_defaults(body: &mut Value) {
     }
 }
 
+/// Folds a Secret's `stringData` into its `data` (base64), a key in both taking the plain value.
+pub(crate) fn fold_string_data(secret: &mut serde_json::Map<String, Value>) {
+    use base64::Engine;
+    if let Some(Value::Object(plain)) = secret.remove("stringData") {
+        let data = secret.entry("data").or_insert_with(|| json!({}));
+        if let Some(data) = data.as_object_mut() {
+            for (k, v) in plain {
+                let encoded = base64::engine::general_purpose::STANDARD
+                    .encode(v.as_str().unwrap_or_default());
+                data.insert(k, json!(encoded));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,20 +117,5 @@ mod tests {
         assert_eq!(spec["containers"][1]["imagePullPolicy"], "IfNotPresent");
         assert_eq!(spec["containers"][0]["ports"][0]["protocol"], "TCP");
         assert_eq!(spec["containers"][1]["terminationMessagePolicy"], "File");
-    }
-}
-
-/// Folds a Secret's `stringData` into its `data` (base64), a key in both taking the plain value.
-pub(crate) fn fold_string_data(secret: &mut serde_json::Map<String, Value>) {
-    use base64::Engine;
-    if let Some(Value::Object(plain)) = secret.remove("stringData") {
-        let data = secret.entry("data").or_insert_with(|| json!({}));
-        if let Some(data) = data.as_object_mut() {
-            for (k, v) in plain {
-                let encoded = base64::engine::general_purpose::STANDARD
-                    .encode(v.as_str().unwrap_or_default());
-                data.insert(k, json!(encoded));
-            }
-        }
     }
 }

@@ -179,7 +179,7 @@ pub static KINDS: &[Kind] = &[
         flavor: Flavor::Stored,
         short_names: &["sa"],
         categories: &[],
-        subresources: &[],
+        subresources: &["token"],
     },
     Kind {
         group: "events.k8s.io",

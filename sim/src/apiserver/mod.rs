@@ -8,14 +8,14 @@
 //!
 //! Files: [`api`] handles requests (with `read`, `write`, `body` and `query`); [`route`]
 //! parses URLs; [`auth`] and [`reviews`] decide who
-//! may do what; [`store`] keeps objects and history; [`watch`] streams changes; [`smp`],
+//! may do what, and `token_request` issues service-account tokens bound to pods; [`store`] keeps objects and history; [`watch`] streams changes; [`smp`],
 //! [`managed`] and [`fieldset`] implement patching and apply; [`discovery`], [`openapi`],
 //! [`render`] and [`table`] are what kubectl reads; [`protobuf`] decodes the protobuf bodies kubectl's typed
 //! clients send; [`kinds`] and [`schema`] describe the served types; [`proxy`] reaches
 //! kubelets; [`clock`] and [`failure`] are the shared timestamp and error conventions.
 //!
-//! Known simplifications: objects are deleted at once (no graceful deletion or finalizer
-//! wait, no garbage collection); `fieldValidation=Strict` is accepted without a schema to
+//! Known simplifications: objects other than pods are deleted at once (no finalizer wait, no
+//! garbage collection); `fieldValidation=Strict` is accepted without a schema to
 //! check against; lists served in pages are not a consistent snapshot across pages; protobuf
 //! bodies are decoded only for review kinds, ConfigMap, Secret and Namespace.
 
@@ -43,6 +43,7 @@ pub mod selector;
 pub mod smp;
 pub mod store;
 pub mod table;
+mod token_request;
 pub mod watch;
 mod write;
 
@@ -169,6 +170,7 @@ impl ApiServer {
             store: store.clone(),
             policy: cfg.policy,
             tokens: cfg.tokens,
+            issued: Default::default(),
             kubelet: cfg.kubelet,
             server_address: addr.to_string(),
             requests: requests.clone(),
