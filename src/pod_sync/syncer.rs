@@ -44,7 +44,8 @@ use crate::routing::NodePodChanges;
 
 /// Pods worked on at once per leaf: each waits on the root's and the leaf's apiservers.
 const WORKERS: usize = 8;
-/// At most one status write per pod this often; the changes meanwhile go in the next one.
+/// At most one status write per pod this often within a phase; the changes meanwhile go in the
+/// next one.
 const STATUS_EVERY: Duration = Duration::from_secs(1);
 /// Every pod is looked at again this often, whatever its watches said; then the copies of
 /// ConfigMaps and Secrets no pod names are swept.
@@ -635,8 +636,10 @@ impl Shared {
         }
     }
 
-    /// Writes `status` on root pod `root` (with its resourceVersion), at most once a second:
-    /// a write sooner waits for the rest of the second and carries what changed meanwhile.
+    /// Writes `status` on root pod `root` (with its resourceVersion), at most once a second
+    /// within a phase: a write sooner waits for the rest of the second and carries what changed
+    /// meanwhile. A new phase goes at once (a pod has few: Pending, Running, then one terminal
+    /// phase that never goes back), so a pod is Running in the root as soon as in the leaf.
     async fn write_status(
         &self,
         roots: &Api<Pod>,
@@ -645,7 +648,11 @@ impl Shared {
         memory: &mut Memory,
         action: &'static str,
     ) -> Result<Done, SyncError> {
-        if let Some(at) = memory.written {
+        let new_phase =
+            root.status.as_ref().and_then(|s| s.phase.as_ref()) != status.phase.as_ref();
+        if let Some(at) = memory.written
+            && !new_phase
+        {
             let since = at.elapsed();
             if since < STATUS_EVERY {
                 return Ok(Done::After(STATUS_EVERY - since));

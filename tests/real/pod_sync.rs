@@ -6,8 +6,11 @@
 //! down deletes their copies, a deleted pod gets SIGTERM within its grace before the root pod
 //! goes, a container that crashes shows its restarts, a copy deleted in the leaf fails its root
 //! pod and the ReplicaSet replaces it, a Job completes, host access is refused, a ConfigMap's
-//! change reaches its mounted file and the leaf's Events show on the root pod, and killing the
-//! replica that serves the Node during a rollout leaves no duplicate and no orphan in the leaf.
+//! change reaches its mounted file and the leaf's Events show on the root pod, a pod asks the
+//! root apiserver who it is with the token it was given and is told its own service account
+//! (podSync.rootApiserver), `kubectl debug -i` attaches to the container relaylet added to the
+//! copy, and killing the replica that serves the Node during a rollout leaves no duplicate and
+//! no orphan in the leaf.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -32,6 +35,7 @@ fn world() -> &'static World {
             replicas: 0,
             helm_replicas: 2,
             pod_sync: true,
+            pod_root_apiserver: true,
             root_version: K8s::V1_35,
             leaf_version: K8s::V1_35,
             ..Setup::default()
@@ -360,7 +364,8 @@ fn the_config_maps_and_secrets_a_pod_names_reach_its_container_and_follow_the_ro
             &["configmaps,secrets", "-l", "relaylet.io/owner"],
             "{.items[*].metadata.name}",
         )
-        .is_empty()
+        .split_whitespace()
+        .all(|name| !name.starts_with("files-"))
     });
     assert_eq!(
         get(w, false, &["configmap", "files-config"], "{.data.greeting}"),
@@ -368,6 +373,195 @@ fn the_config_maps_and_secrets_a_pod_names_reach_its_container_and_follow_the_ro
     );
     w.root.kubectl_ok(&["delete", "configmap", "files-config"]);
     w.root.kubectl_ok(&["delete", "secret", "files-secret"]);
+}
+
+#[test]
+fn a_pod_in_the_leaf_talks_to_the_root_apiserver_as_itself() {
+    use base64::Engine;
+    let w = world();
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: whoami, namespace: default}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+{container}"#,
+        node = virtual_node(LEAF),
+        container = busybox("sleep 3600"),
+    );
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&manifest));
+    eventually("the pod Running", || {
+        get(w, false, &["pod", "whoami"], "{.status.phase}") == "Running"
+    });
+    let k = support::kubectl("1.35");
+    let kubeconfig = w.root_kubeconfig();
+    let exec = |script: &str| {
+        let out = Run::new(
+            &k,
+            kubeconfig,
+            &["exec", "whoami", "--", "sh", "-c", script],
+        )
+        .output();
+        assert!(out.status.success(), "{}", describe(&k, &out));
+        text(&out.stdout)
+    };
+    // What the container was given: the address, the token and the CA. The address is reached
+    // from inside the container (busybox wget's TLS cannot talk to kube-apiserver, so plain
+    // HTTP: Go's TLS server answers it with a 400 of its own).
+    let host = exec("echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT");
+    let host = host.trim();
+    let reach = exec(
+        "wget -T 10 -O- http://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/ 2>&1 || true",
+    );
+    assert!(
+        reach.contains("400 Bad Request"),
+        "{host} from the container: {reach}"
+    );
+    let token = exec("cat /var/run/secrets/kubernetes.io/serviceaccount/token");
+    let ca = exec("cat /var/run/secrets/kubernetes.io/serviceaccount/ca.crt");
+    // Asked with exactly those: the CA verifies the apiserver at that address, the token says
+    // who the pod is.
+    let as_the_pod =
+        std::env::temp_dir().join(format!("relaylet-whoami-{}.kubeconfig", std::process::id()));
+    let config = serde_json::json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+        "clusters": [{"name": "root", "cluster": {
+            "server": format!("https://{host}"),
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca.as_bytes()),
+        }}],
+        "users": [{"name": "pod", "user": {"token": token.trim()}}],
+        "contexts": [{"name": "pod", "context": {"cluster": "root", "user": "pod"}}],
+    });
+    std::fs::write(&as_the_pod, config.to_string()).unwrap();
+    let out = Run::new(&k, &as_the_pod, &["auth", "whoami", "-o", "json"]).output();
+    let _ = std::fs::remove_file(&as_the_pod);
+    assert!(out.status.success(), "{}", describe(&k, &out));
+    let review: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", describe(&k, &out)));
+    let user = &review["status"]["userInfo"];
+    assert_eq!(
+        user["username"], "system:serviceaccount:default:default",
+        "{review}"
+    );
+    assert_eq!(
+        user["extra"]["authentication.kubernetes.io/pod-name"][0], "whoami",
+        "bound to its root pod: {review}"
+    );
+    assert_eq!(
+        user["extra"]["authentication.kubernetes.io/pod-uid"][0],
+        get(w, false, &["pod", "whoami"], "{.metadata.uid}").as_str(),
+        "{review}"
+    );
+    // The CA it was given is the root's.
+    assert_eq!(
+        ca.trim(),
+        get(
+            w,
+            false,
+            &["configmap", "kube-root-ca.crt"],
+            "{.data.ca\\.crt}"
+        )
+        .trim()
+    );
+    let uid = get(w, false, &["pod", "whoami"], "{.metadata.uid}");
+    let tokens = format!("relaylet.io/tokens-for={uid}");
+    assert_eq!(
+        get(
+            w,
+            true,
+            &["secrets", "-l", &tokens],
+            "{.items[*].metadata.name}"
+        ),
+        format!("relaylet-token-{uid}")
+    );
+    w.root
+        .kubectl_ok(&["delete", "pod", "whoami", "--wait=true"]);
+    eventually("the tokens Secret deleted in the leaf", || {
+        get(
+            w,
+            true,
+            &["secrets", "-l", &tokens],
+            "{.items[*].metadata.name}",
+        )
+        .is_empty()
+    });
+}
+
+/// `kubectl debug -i`: relaylet adds the root pod's ephemeral container to the copy, the leaf's
+/// kubelet runs it, its status comes up, and kubectl attaches to it.
+#[test]
+fn kubectl_debug_adds_a_container_to_the_copy_and_attaches_to_it() {
+    use std::io::Write;
+    let w = world();
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: debugged, namespace: default}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+{container}"#,
+        node = virtual_node(LEAF),
+        container = busybox("sleep 3600"),
+    );
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&manifest));
+    eventually("the pod Running", || {
+        get(w, false, &["pod", "debugged"], "{.status.phase}") == "Running"
+    });
+    let k = support::kubectl("1.35");
+    let image = format!("--image={BUSYBOX_IMAGE}");
+    let mut cmd = Run::new(
+        &k,
+        w.root_kubeconfig(),
+        &[
+            "debug",
+            "debugged",
+            "-i",
+            &image,
+            "--image-pull-policy=Never",
+            "-c",
+            "dbg",
+            "--",
+            "sh",
+            "-c",
+            "read line; echo got $line",
+        ],
+    )
+    .command();
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("kubectl debug runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"ping\n").expect("stdin");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("kubectl's output");
+    assert_eq!(line, "got ping\n");
+    drop(stdin);
+    let status = support::wait_exit(child, Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "kubectl debug ended with {status:?}"
+    );
+    assert!(
+        get(
+            w,
+            true,
+            &["pod", "debugged"],
+            "{.spec.ephemeralContainers[*].name}"
+        )
+        .contains("dbg"),
+        "the copy has the container"
+    );
+    w.root
+        .kubectl_ok(&["delete", "pod", "debugged", "--wait=false"]);
 }
 
 #[test]

@@ -14,6 +14,7 @@ mod floor;
 mod hold;
 pub mod kubelet_path;
 mod node_view;
+pub mod pod_sync;
 mod procfs;
 pub mod reference_relay;
 mod report;
@@ -67,6 +68,9 @@ pub struct Groups {
     /// CPU per GiB of every process on the path of real Kubernetes 1.37 with and without
     /// `ExtendWebSocketsToKubelet` declared (`kubelet-path`); only when asked for by name.
     pub kubelet_path: bool,
+    /// Pods run through relaylet's pod sync against the same pods run in the leaf directly
+    /// (`podsync`); only when asked for by name.
+    pub pod_sync: bool,
 }
 
 impl Groups {
@@ -78,6 +82,7 @@ impl Groups {
         proxy: true,
         fleet: false,
         kubelet_path: false,
+        pod_sync: false,
     };
 
     fn parse(list: &str) -> anyhow::Result<Groups> {
@@ -91,9 +96,10 @@ impl Groups {
                 "proxy" => groups.proxy = true,
                 "fleet" => groups.fleet = true,
                 "kubelet-path" => groups.kubelet_path = true,
+                "podsync" => groups.pod_sync = true,
                 other => {
                     anyhow::bail!(
-                        "unknown figure group {other:?} (try bulk, rtt, setup, memory, proxy, fleet, kubelet-path)"
+                        "unknown figure group {other:?} (try bulk, rtt, setup, memory, proxy, fleet, kubelet-path, podsync)"
                     )
                 }
             }
@@ -102,7 +108,7 @@ impl Groups {
     }
 
     fn any(&self) -> bool {
-        self.data_path() || self.fleet || self.kubelet_path
+        self.data_path() || self.fleet || self.kubelet_path || self.pod_sync
     }
 
     /// Whether any figure of the data path (the stack of one leaf) is asked for.
@@ -244,6 +250,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     if options.only.fleet {
         run_fleet(options).await?;
     }
+    if options.only.pod_sync {
+        run_pod_sync(options).await?;
+    }
     if !options.only.data_path() {
         eprintln!("bench finished in {:.0?}", started.elapsed());
         return Ok(());
@@ -374,6 +383,34 @@ async fn run_fleet(options: Options) -> anyhow::Result<()> {
         println!("\nFleet targets:");
     }
     for target in fleet::targets(&figures) {
+        println!("- {target}");
+    }
+    Ok(())
+}
+
+/// The pod-sync figures (`--only podsync`): start and delete latencies of pods run through
+/// relaylet against pods run in the leaf directly, relaylet's writes and requests per pod, its
+/// memory per synced pod; as a table (or JSON lines), then the target lines.
+async fn run_pod_sync(options: Options) -> anyhow::Result<()> {
+    let size = pod_sync::Size::for_mode(options.smoke, options.quick);
+    eprintln!(
+        "podsync: {} pods per route (direct, relayed), {} at once",
+        size.pods, size.batch
+    );
+    let figures = pod_sync::run(size).await.context("the podsync figures")?;
+    if options.json {
+        for f in &figures {
+            println!("{}", f.json());
+        }
+    } else {
+        println!(
+            "podsync: {} pods per route, created and deleted {} at once; ratio = relayed / direct\n",
+            size.pods, size.batch
+        );
+        println!("{}", pod_sync::table(&figures));
+        println!("Pod sync targets:");
+    }
+    for target in pod_sync::targets(&figures) {
         println!("- {target}");
     }
     Ok(())
@@ -877,5 +914,19 @@ mod tests {
             let err = parse(bad).unwrap_err().to_string();
             assert!(err.contains(bad[0]), "{err}");
         }
+    }
+
+    #[test]
+    fn podsync_runs_only_when_named() {
+        let podsync = parse(&["--only", "podsync", "--quick"]).unwrap();
+        assert!(podsync.only.pod_sync && !podsync.only.fleet && !podsync.only.bulk);
+        assert!(!parse(&[]).unwrap().only.pod_sync);
+        assert!(!parse(&["--quick"]).unwrap().only.pod_sync);
+        let both = parse(&["--only", "fleet,podsync"]).unwrap();
+        assert!(both.only.fleet && both.only.pod_sync && !both.only.data_path());
+        let size = pod_sync::Size::for_mode(podsync.smoke, podsync.quick);
+        assert_eq!((size.pods, size.batch), (200, 20));
+        let err = parse(&["--only", "pod-sync"]).unwrap_err().to_string();
+        assert!(err.contains("podsync"), "{err}");
     }
 }

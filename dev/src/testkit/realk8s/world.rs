@@ -30,6 +30,13 @@ fn root_pod_cidr() -> String {
     format!("100.{}.{}.0/24", 64 + ((pid >> 8) & 0x3f), pid & 0xff)
 }
 
+/// The real leaf node's pod range when its pods call the root apiserver
+/// (`Setup::pod_root_apiserver`): routed from this machine so the answers find them.
+fn leaf_pod_cidr() -> String {
+    let pid = std::process::id();
+    format!("10.{}.{}.0/24", 128 + ((pid >> 8) & 0x3f), pid & 0xff)
+}
+
 /// How the clusters and relaylet are set up.
 pub struct Setup {
     /// The root apiserver's `--kubelet-preferred-address-types`.
@@ -47,6 +54,9 @@ pub struct Setup {
     /// relaylet runs the virtual nodes' pods in the leaves (`podSync.enabled`); off, the test
     /// plays the other syncer ([`World::sync_pod`]).
     pub pod_sync: bool,
+    /// With `pod_sync` and a real leaf node: the chart's `podSync.rootApiserver` is the root
+    /// apiserver on that node's host end, where its pods reach it (their tokens the root's).
+    pub pod_root_apiserver: bool,
     /// The root apiserver verifies kubelet serving certificates against its CA.
     pub verify_kubelet_certificates: bool,
     /// Each replica is a Pod object in the root (status.podIP = its address) and authenticates
@@ -89,6 +99,7 @@ impl Default for Setup {
             env: &[],
             chart_values: &[],
             pod_sync: false,
+            pod_root_apiserver: false,
             verify_kubelet_certificates: false,
             replica_pods: false,
             wait_for_nodes: true,
@@ -168,6 +179,18 @@ impl World {
         // host end, where the chart's pods reach them.
         let root_netns = chart.then(super::netns::Netns::create);
         let pods_reach = root_netns.as_ref().map(|n| n.host_ip);
+        // The real leaf nodes' namespaces, made first when their pods reach the root apiserver
+        // on their host end (it serves there, its certificate naming the address).
+        let mut leaf_netns: BTreeMap<&str, super::netns::Netns> = setup
+            .real_node_leaves
+            .iter()
+            .map(|name| (*name, super::netns::Netns::create()))
+            .collect();
+        let leaf_pods_reach: Vec<IpAddr> = if setup.pod_root_apiserver {
+            leaf_netns.values().map(|n| n.host_ip).collect()
+        } else {
+            Vec::new()
+        };
         let mut root = ControlPlane::start(
             dir.path(),
             Options {
@@ -176,7 +199,12 @@ impl World {
                 controller_manager: true,
                 verify_kubelet_certificates: setup.verify_kubelet_certificates,
                 version: setup.root_version,
-                also_serve_on: setup.root_also_on.into_iter().chain(pods_reach).collect(),
+                also_serve_on: setup
+                    .root_also_on
+                    .into_iter()
+                    .chain(pods_reach)
+                    .chain(leaf_pods_reach.iter().copied())
+                    .collect(),
             },
         );
         root.kubectl_ok(&["create", "namespace", RELAYLET_NAMESPACE]);
@@ -185,6 +213,17 @@ impl World {
             "--set".to_string(),
             format!("podSync.enabled={}", setup.pod_sync),
         ]);
+        if let Some(ip) = leaf_pods_reach.first() {
+            let port = root
+                .url
+                .rsplit(':')
+                .next()
+                .expect("the root URL has a port");
+            sets.extend([
+                "--set".to_string(),
+                format!("podSync.rootApiserver=https://{ip}:{port}"),
+            ]);
+        }
         if !chart {
             // relaylet's ServiceAccount and RBAC exactly as the chart renders them.
             let mut show = vec![
@@ -205,8 +244,7 @@ impl World {
             "at most one real leaf node"
         );
         for name in setup.leaves {
-            let real = setup.real_node_leaves.contains(name);
-            let netns = real.then(super::netns::Netns::create);
+            let netns = leaf_netns.remove(name);
             let mut leaf = ControlPlane::start(
                 dir.path(),
                 Options {
@@ -230,12 +268,13 @@ impl World {
             );
             match netns {
                 Some(netns) => {
-                    let node = super::real_node::RealNode::start(
-                        &mut leaf,
-                        &leaf_node(name),
-                        netns,
-                        super::real_node::Pods::Private,
-                    );
+                    let pods = if setup.pod_root_apiserver {
+                        super::real_node::Pods::Routed(leaf_pod_cidr())
+                    } else {
+                        super::real_node::Pods::Private
+                    };
+                    let node =
+                        super::real_node::RealNode::start(&mut leaf, &leaf_node(name), netns, pods);
                     real_nodes.insert(name.to_string(), node);
                 }
                 None => leaf.add_kubelet(&leaf_node(name), setup.declaring_leaves.contains(name)),
