@@ -9,8 +9,8 @@
 //! It walks every arena under its lock, so it runs only when there is something worth
 //! returning: after the number of open sessions has fallen to half of a peak of at least
 //! [`MIN_PEAK`] since the last trim, at most once per [`TRIM_DELAY`], on a blocking thread.
-//! Steady churn of a few sessions at a time never triggers it. Watches call [`decoded`] for each
-//! object they read: every [`DECODED_BURST`] objects (pods are decoded as `SlimPod`s, but each
+//! Steady churn of a few sessions at a time never triggers it. Watches (and the pod sync, for
+//! each whole pod it reads) call [`decoded`] for each object they read: every [`DECODED_BURST`] objects (pods are decoded as `SlimPod`s, but each
 //! event's line and list page are read whole first) schedule one trim the same way, so a leaf
 //! that lists or deletes thousands of pods leaves relaylet where it was. Other C libraries
 //! (musl) return memory eagerly; there this does nothing.

@@ -42,8 +42,9 @@ use crate::model::slim_pod::SlimPod;
 use crate::ops::{Backoff, Metrics};
 use crate::routing::NodePodChanges;
 
-/// Pods worked on at once per leaf: each waits on the root's and the leaf's apiservers.
-const WORKERS: usize = 8;
+/// Pods worked on at once per leaf: each waits on the root's and the leaf's apiservers, so a
+/// Deployment's pods start together rather than in waves.
+const WORKERS: usize = 32;
 /// At most one status write per pod this often within a phase; the changes meanwhile go in the
 /// next one.
 const STATUS_EVERY: Duration = Duration::from_secs(1);
@@ -399,6 +400,9 @@ impl Shared {
             .get_opt::<Pod>(Some(leaf_namespace), name)
             .await
             .map_err(SyncError::Leaf)?;
+        // Two whole pods read and dropped: a burst of them is memory worth giving back.
+        crate::ops::memory::decoded();
+        crate::ops::memory::decoded();
         if let Some(uid) = root.as_ref().and_then(|r| r.metadata.uid.clone()) {
             memory.root_uid = Some(uid);
         }
