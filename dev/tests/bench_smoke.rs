@@ -157,6 +157,62 @@ async fn fleet_smoke_prints_every_fleet_figure() {
     );
 }
 
+/// `bench --smoke --only podsync`: pods run through relaylet's pod sync against the same pods
+/// run in the leaf directly; every figure as a JSON line (both routes' latencies positive, each
+/// synced pod created and deleted once in the leaf, no failed reconcile), and the target lines.
+#[tokio::test]
+async fn podsync_smoke_prints_every_pod_sync_figure() {
+    let (stdout, _) = bench(
+        &["bench", "--smoke", "--json", "--only", "podsync"],
+        Duration::from_secs(240),
+    )
+    .await;
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
+        .collect();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no figure {name} in {stdout}"))
+    };
+    let relayed = |name: &str| row(name)["relayed"].as_f64().unwrap();
+    for name in [
+        "podsync_start_p50",
+        "podsync_start_p99",
+        "podsync_delete_p50",
+        "podsync_delete_p99",
+        "podsync_1000_pods_all_running",
+    ] {
+        let direct = row(name)["direct"].as_f64().unwrap();
+        assert!(direct > 0.0 && relayed(name) > 0.0, "{name} in {stdout}");
+        let ratio = row(name)["ratio"].as_f64().unwrap();
+        assert!(
+            (ratio - relayed(name) / direct).abs() < 0.01,
+            "{name} in {stdout}"
+        );
+    }
+    // Relaylet writes a synced pod's status at least once, and its copy is made and ended once.
+    assert!(relayed("podsync_root_writes_per_pod") >= 1.0, "{stdout}");
+    assert_eq!(relayed("podsync_leaf_creates_per_pod"), 1.0, "{stdout}");
+    assert_eq!(relayed("podsync_leaf_deletes_per_pod"), 1.0, "{stdout}");
+    assert_eq!(relayed("podsync_sync_errors"), 0.0, "{stdout}");
+    for row in [
+        "podsync_overhead_p50",
+        "podsync_overhead_p99",
+        "podsync_1000_pods_all_running",
+        "podsync_memory_per_pod",
+        "podsync_root_writes_per_pod",
+        "podsync_delete_overhead_p99",
+    ] {
+        assert!(
+            stdout.contains(&format!("- {row} <= ")),
+            "{row} in {stdout}"
+        );
+    }
+}
+
 /// `bench --only kubelet-path` on real Kubernetes 1.37 (the components of
 /// `tests/tools/build-k8s.sh`): one JSON object per combination of relaylet and the leaf kubelet
 /// declaring `ExtendWebSocketsToKubelet` and per process on the path, each with a positive CPU
