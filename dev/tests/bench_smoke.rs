@@ -44,14 +44,25 @@ async fn bench(args: &[&str], within: Duration) -> (String, String) {
     (String::from_utf8_lossy(&output.stdout).into_owned(), stderr)
 }
 
+/// The figures of `stdout`: every line that starts an object is one, well-formed (the target
+/// lines are plain text).
+fn json_rows(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
+        .collect()
+}
+
 #[tokio::test]
 async fn bench_smoke_prints_every_figure_as_json() {
     let (stdout, stderr) = bench(&["bench", "--smoke", "--json"], Duration::from_secs(240)).await;
     assert!(stderr.contains("cores"), "no core count in {stderr}");
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
-        .collect();
+    assert!(
+        stdout.lines().all(|l| l.starts_with('{')),
+        "only figures on stdout: {stdout}"
+    );
+    let rows = json_rows(&stdout);
     let row = |name: &str| {
         rows.iter()
             .find(|r| r["name"] == name)
@@ -126,11 +137,7 @@ async fn fleet_smoke_prints_every_fleet_figure() {
         Duration::from_secs(240),
     )
     .await;
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
-        .collect();
+    let rows = json_rows(&stdout);
     let value = |name: &str| {
         rows.iter()
             .find(|r| r["name"] == name)
@@ -167,11 +174,7 @@ async fn podsync_smoke_prints_every_pod_sync_figure() {
         Duration::from_secs(240),
     )
     .await;
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .filter(|line| line.starts_with('{'))
-        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
-        .collect();
+    let rows = json_rows(&stdout);
     let row = |name: &str| {
         rows.iter()
             .find(|r| r["name"] == name)
@@ -224,10 +227,11 @@ async fn bench_smoke_measures_the_kubelet_path_on_real_kubernetes() {
         Duration::from_secs(600),
     )
     .await;
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON object per line"))
-        .collect();
+    assert!(
+        stdout.lines().all(|l| l.starts_with('{')),
+        "only figures on stdout: {stdout}"
+    );
+    let rows = json_rows(&stdout);
     for relaylet in ["declared", "not declared"] {
         for kubelet in ["declared", "not declared"] {
             let of =

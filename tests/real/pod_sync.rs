@@ -375,14 +375,13 @@ fn the_config_maps_and_secrets_a_pod_names_reach_its_container_and_follow_the_ro
     w.root.kubectl_ok(&["delete", "secret", "files-secret"]);
 }
 
-#[test]
-fn a_pod_in_the_leaf_talks_to_the_root_apiserver_as_itself() {
-    use base64::Engine;
-    let w = world();
+/// Creates pod `name` in the root's `default` namespace, bound to the virtual Node, with a
+/// busybox container that sleeps; waits until it is Running.
+fn running_pod(w: &World, name: &str) {
     let manifest = format!(
         r#"apiVersion: v1
 kind: Pod
-metadata: {{name: whoami, namespace: default}}
+metadata: {{name: {name}, namespace: default}}
 spec:
   nodeName: {node}
   terminationGracePeriodSeconds: 1
@@ -394,8 +393,15 @@ spec:
     w.root
         .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&manifest));
     eventually("the pod Running", || {
-        get(w, false, &["pod", "whoami"], "{.status.phase}") == "Running"
+        get(w, false, &["pod", name], "{.status.phase}") == "Running"
     });
+}
+
+#[test]
+fn a_pod_in_the_leaf_talks_to_the_root_apiserver_as_itself() {
+    use base64::Engine;
+    let w = world();
+    running_pod(w, "whoami");
     let k = support::kubectl("1.35");
     let kubeconfig = w.root_kubeconfig();
     let exec = |script: &str| {
@@ -496,23 +502,7 @@ spec:
 fn kubectl_debug_adds_a_container_to_the_copy_and_attaches_to_it() {
     use std::io::Write;
     let w = world();
-    let manifest = format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: debugged, namespace: default}}
-spec:
-  nodeName: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-{container}"#,
-        node = virtual_node(LEAF),
-        container = busybox("sleep 3600"),
-    );
-    w.root
-        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(&manifest));
-    eventually("the pod Running", || {
-        get(w, false, &["pod", "debugged"], "{.status.phase}") == "Running"
-    });
+    running_pod(w, "debugged");
     let k = support::kubectl("1.35");
     let image = format!("--image={BUSYBOX_IMAGE}");
     let mut cmd = Run::new(

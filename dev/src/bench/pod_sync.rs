@@ -44,7 +44,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,7 +56,7 @@ use relaylet_sim::apiserver::kinds::{self, Kind};
 use relaylet_sim::apiserver::store::Change;
 use relaylet_sim::cluster::{Cluster, ClusterOptions};
 use serde_json::{Value, json};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::watch;
 
 use super::node_view::NodeView;
@@ -829,41 +828,12 @@ impl Relaylet {
     /// relaylet as in a real install (env vars, a root kubeconfig, serving certificate files),
     /// pod sync on (its default), one replica.
     async fn spawn(root: &Cluster, dir: &Path) -> anyhow::Result<Relaylet> {
-        let kubeconfig = dir.join("root.kubeconfig");
-        write(&kubeconfig, &root.kubeconfig(USER, &["system:masters"])?)?;
-        let serving = root.ca.issue_server(&["127.0.0.1"])?;
-        let (cert, key) = (dir.join("relaylet.crt"), dir.join("relaylet.key"));
-        write(&cert, &serving.cert_pem)?;
-        write(&key, &serving.key_pem)?;
-        // Child processes told their ports by number: see relaylet_sim::ports.
-        let port = relaylet_sim::ports::free_loopback_port()?.port();
+        let (mut command, _node_server_port, log) =
+            super::stack::relaylet_command(root, dir, USER)?;
         let metrics = relaylet_sim::ports::free_loopback_port()?;
-        let log = dir.join("relaylet.log");
-        let file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(std::env::current_exe()?)
-            .arg("serve")
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("KUBECONFIG", &kubeconfig)
-            .env("LEAF_NODE_IP", "127.0.0.1")
+        let child = command
             .env("LEAF_POD_SYNC", "true")
-            .env("NODE_SERVER_PORT", port.to_string())
-            .env("AUTH_MODE", "webhook")
-            .env("APISERVER_CERT_LOCATION", &cert)
-            .env("APISERVER_KEY_LOCATION", &key)
-            .env("POD_NAME", "relaylet-0")
-            .env("POD_NAMESPACE", NAMESPACE)
-            .env("LEADER_ELECT", "false")
             .env("METRICS_ADDR", metrics.to_string())
-            .env(
-                "RUST_LOG",
-                std::env::var("RELAYLET_BENCH_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(file.try_clone()?))
-            .stderr(Stdio::from(file))
-            .kill_on_drop(true)
             .spawn()
             .context("starting relaylet serve")?;
         let pid = child.id().context("relaylet exited at once")?;
@@ -913,10 +883,6 @@ async fn scrape(addr: SocketAddr) -> anyhow::Result<String> {
         text.lines().next().unwrap_or_default()
     );
     Ok(text)
-}
-
-fn write(path: &Path, text: &str) -> anyhow::Result<()> {
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The last `lines` lines of file `path` (empty if it cannot be read).

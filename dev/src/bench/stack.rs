@@ -321,15 +321,17 @@ fn log_file(path: &Path) -> anyhow::Result<(Stdio, Stdio)> {
     Ok((Stdio::from(file.try_clone()?), Stdio::from(file)))
 }
 
-/// relaylet as in a real install (env vars, a root kubeconfig, serving cert files), in a process
-/// of its own: this binary's hidden `serve`, the same library call (`relaylet::serve`) as the
-/// product binary's.
-async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProcess, SocketAddr)> {
+/// relaylet as in a real install (env vars, a root kubeconfig for `user`, serving cert files),
+/// ready to start in a process of its own: this binary's hidden `serve`, the same library call
+/// (`relaylet::serve`) as the product binary's; one replica, its log in `dir`. The caller adds
+/// what its benchmark needs. With its node server's port and the log's path.
+pub(super) fn relaylet_command(
+    root: &Cluster,
+    dir: &Path,
+    user: &str,
+) -> anyhow::Result<(Command, u16, PathBuf)> {
     let kubeconfig = dir.join("root.kubeconfig");
-    write(
-        &kubeconfig,
-        &root.kubeconfig(RELAYLET_USER, &["system:masters"])?,
-    )?;
+    write(&kubeconfig, &root.kubeconfig(user, &["system:masters"])?)?;
     let serving = root.ca.issue_server(&["127.0.0.1"])?;
     let (cert, key) = (dir.join("relaylet.crt"), dir.join("relaylet.key"));
     write(&cert, &serving.cert_pem)?;
@@ -338,14 +340,13 @@ async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProc
     let port = relaylet_sim::ports::free_loopback_port()?.port();
     let log = dir.join("relaylet.log");
     let (out, err) = log_file(&log)?;
-    let child = Command::new(std::env::current_exe()?)
+    let mut command = Command::new(std::env::current_exe()?);
+    command
         .arg("serve")
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("KUBECONFIG", &kubeconfig)
         .env("LEAF_NODE_IP", "127.0.0.1")
-        // The benchmark makes its leaf pods itself, as another syncer would.
-        .env("LEAF_POD_SYNC", "false")
         .env("NODE_SERVER_PORT", port.to_string())
         .env("AUTH_MODE", "webhook")
         .env("APISERVER_CERT_LOCATION", &cert)
@@ -353,6 +354,23 @@ async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProc
         .env("POD_NAME", "relaylet-0")
         .env("POD_NAMESPACE", NAMESPACE)
         .env("LEADER_ELECT", "false")
+        .env(
+            "RUST_LOG",
+            std::env::var("RELAYLET_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true);
+    Ok((command, port, log))
+}
+
+/// relaylet for the data-path figures: it makes no leaf pods (the benchmark does, as another
+/// syncer would), caps above what the figures open.
+async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProcess, SocketAddr)> {
+    let (mut command, port, log) = relaylet_command(root, dir, RELAYLET_USER)?;
+    let child = command
+        .env("LEAF_POD_SYNC", "false")
         // Its own operations port, and caps above the 10,000 sessions the memory figure opens
         // from one client address as one user, in one namespace.
         .env("METRICS_ADDR", "127.0.0.1:0")
@@ -361,14 +379,6 @@ async fn spawn_relaylet(root: &Cluster, dir: &Path) -> anyhow::Result<(ChildProc
         .env("MAX_SESSIONS", "40000")
         .env("MAX_SESSIONS_PER_USER", "40000")
         .env("MAX_SESSIONS_PER_NAMESPACE", "40000")
-        .env(
-            "RUST_LOG",
-            std::env::var("RELAYLET_BENCH_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
         .spawn()
         .context("starting relaylet serve")?;
     let pid = child.id().context("relaylet exited at once")?;
