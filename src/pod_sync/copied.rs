@@ -326,38 +326,32 @@ impl Io<'_> {
         let listed = paged(|token| {
             let params = continued(&params, token);
             async move {
-                Ok(match kind {
-                    Kind::ConfigMap => {
-                        let list = self
-                            .leaf
-                            .list_metadata::<ConfigMap>(namespace, &params)
-                            .await?;
-                        (
-                            list.items
-                                .into_iter()
-                                .map(|o| meta_key(o.metadata))
-                                .collect(),
-                            list.metadata.continue_,
-                        )
-                    }
-                    Kind::Secret => {
-                        let list = self
-                            .leaf
-                            .list_metadata::<Secret>(namespace, &params)
-                            .await?;
-                        (
-                            list.items
-                                .into_iter()
-                                .map(|o| meta_key(o.metadata))
-                                .collect(),
-                            list.metadata.continue_,
-                        )
-                    }
-                })
+                match kind {
+                    Kind::ConfigMap => self.copies_page::<ConfigMap>(namespace, &params).await,
+                    Kind::Secret => self.copies_page::<Secret>(namespace, &params).await,
+                }
             }
         })
         .await;
         listed.map_err(SyncError::Leaf)
+    }
+
+    /// One page of `K`s in the leaf: their keys, and where the next page starts.
+    async fn copies_page<K>(
+        &self,
+        namespace: Option<&str>,
+        params: &ListParams,
+    ) -> Result<(Vec<(String, String, Option<String>)>, Option<String>), kube::Error>
+    where
+        K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned + Clone,
+    {
+        let list = self.leaf.list_metadata::<K>(namespace, params).await?;
+        let keys = list
+            .items
+            .into_iter()
+            .map(|o| meta_key(o.metadata))
+            .collect();
+        Ok((keys, list.metadata.continue_))
     }
 
     /// Deletes `object`'s copy, if it is relaylet's.
