@@ -101,12 +101,13 @@ impl LeafEvents {
     }
 
     /// Watches the leaf's pod Events through `calls` for ever, telling those about a copy
-    /// (`copy_of` gives the root pod of a leaf pod UID) on its root pod through `root`.
+    /// (`copy_of` gives the root pod of the leaf pod an Event is about, if it is a copy) on its
+    /// root pod through `root`.
     pub async fn follow(
         &self,
         calls: Calls,
         root: &Client,
-        copy_of: impl Fn(&str) -> Option<RootPod>,
+        copy_of: impl Fn(&ObjectReference) -> Option<RootPod>,
         metrics: &Metrics,
     ) {
         let mut watch =
@@ -115,8 +116,7 @@ impl LeafEvents {
             match watch.next().await {
                 // What the LIST gives is history: told once already, or before relaylet ran.
                 Ok(watcher::Event::Apply(leaf_event)) => {
-                    let Some(pod) = leaf_event.involved_object.uid.as_deref().and_then(&copy_of)
-                    else {
+                    let Some(pod) = copy_of(&leaf_event.involved_object) else {
                         continue;
                     };
                     let Some(uid) = leaf_event.metadata.uid.as_deref() else {

@@ -5,8 +5,9 @@
 //! does it.
 //!
 //! Only the pods' names are kept: a worker reads the two pods it works on when it works on
-//! them, so what relaylet holds per synced pod is its name and a few bytes of memory
-//! (restarts, the last status write, the leaf's last word), whatever the pods carry.
+//! them, so what relaylet holds per synced pod is one entry with its name, its two UIDs and a
+//! few bytes of memory (restarts, the last status write, the leaf's last word), whatever the
+//! pods carry.
 //! Nothing is decided before both watches have listed once (after a start or a takeover, a
 //! half view would delete or create what it does not see), and a leaf that cannot be read
 //! decides nothing: its pods keep their status until it answers again.
@@ -15,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount, Taint};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod, ServiceAccount, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -111,13 +112,10 @@ impl LeafPodSync {
             context,
             marks,
             queue: Queue::default(),
-            known: Mutex::default(),
-            memory: Mutex::default(),
+            pods: Mutex::default(),
             ensured: Mutex::default(),
             copied: Copied::new(),
             events: LeafEvents::new(&context_leaf_name),
-            copy_keys: Mutex::default(),
-            root_uids: Mutex::default(),
         });
         LeafPodSync {
             task: tokio::spawn(shared.run(root_pods)),
@@ -130,30 +128,41 @@ struct Shared {
     context: Context,
     marks: Marks,
     queue: Queue<Key>,
-    /// Every pod either watch has shown and not yet found gone on both sides.
-    known: Mutex<HashSet<Key>>,
-    /// What relaylet remembers of a pod between its reconciles.
-    memory: Mutex<HashMap<Key, Memory>>,
+    /// Every pod either watch has shown and not yet found gone on both sides, with what is kept
+    /// of it: one entry per pod, its name once.
+    pods: Mutex<HashMap<Key, Kept>>,
     /// Leaf namespaces and service accounts known to exist.
     ensured: Mutex<HashSet<(String, String)>>,
     /// The ConfigMaps and Secrets the pods name, copied into the leaf.
     copied: Copied,
     /// The leaf's Events about the copies, told on the root pods.
     events: LeafEvents,
-    /// The root pod each copy in the leaf stands for, by the copy's UID (from the leaf watch).
-    copy_keys: Mutex<HashMap<String, Key>>,
-    /// The UID of each root pod, as last read.
-    root_uids: Mutex<HashMap<Key, String>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let known = lock(&self.known).len() as i64;
+        let known = lock(&self.pods).len() as i64;
         self.context.metrics.pods_synced.dec_by(known);
     }
 }
 
-/// What relaylet remembers of one pod.
+/// What is kept of one pod between watch events and reconciles.
+#[derive(Default)]
+struct Kept {
+    /// The worker's part: taken while a worker works on the pod.
+    memory: Memory,
+    /// The root pod's UID, as last read (its tokens Secret is named by it); kept after the pod
+    /// went, until its tokens are forgotten.
+    root_uid: Option<String>,
+    /// Whether the root pod existed when last read.
+    root_live: bool,
+    /// Its copy's UID, as the leaf watch last showed it.
+    copy_uid: Option<String>,
+    /// Why its copy ended, as the leaf watch saw it go (taken by the next reconcile).
+    leaf_said: Option<(String, String)>,
+}
+
+/// What a worker remembers of one pod between its reconciles.
 #[derive(Default)]
 struct Memory {
     restarts: Restarts,
@@ -165,8 +174,6 @@ struct Memory {
     retry: Option<Backoff>,
     /// When its root tokens are next due (`tokens`).
     tokens_due: Option<Timestamp>,
-    /// The root pod's UID, as last read (its tokens Secret is named by it).
-    root_uid: Option<String>,
 }
 
 impl Shared {
@@ -193,7 +200,11 @@ impl Shared {
                     tracing::warn!(leaf = %self.context.leaf.name, %err, "sweeping the leaf's copies no pod names");
                 }
                 if self.context.root_apiserver.is_some() {
-                    let live: HashSet<String> = lock(&self.root_uids).values().cloned().collect();
+                    let live: HashSet<String> = lock(&self.pods)
+                        .values()
+                        .filter(|kept| kept.root_live)
+                        .filter_map(|kept| kept.root_uid.clone())
+                        .collect();
                     if let Err(err) = self.tokens().sweep(&live).await {
                         tracing::warn!(leaf = %self.context.leaf.name, %err, "sweeping the leaf's token Secrets of pods gone");
                     }
@@ -205,7 +216,7 @@ impl Shared {
         let events = self.events.follow(
             self.context.leaf.client(),
             &self.context.root,
-            |uid| self.copy_of(uid),
+            |copy| self.copy_of(copy),
             &self.context.metrics,
         );
         let refresh = async {
@@ -225,14 +236,22 @@ impl Shared {
         );
     }
 
-    /// The root pod the copy with UID `uid` stands for.
-    fn copy_of(&self, uid: &str) -> Option<RootPod> {
-        let key = lock(&self.copy_keys).get(uid)?.clone();
-        let root_uid = lock(&self.root_uids).get(&key)?.clone();
+    /// The root pod leaf pod `copy` stands for, if it is a copy the leaf watch has shown and
+    /// its root pod is there.
+    fn copy_of(&self, copy: &ObjectReference) -> Option<RootPod> {
+        let namespace = copy.namespace.as_deref()?;
+        let root = self.context.leaf.namespaces.root_namespace(namespace)?;
+        let key = (root.to_string(), copy.name.clone()?);
+        let pods = lock(&self.pods);
+        let kept = pods.get(&key)?;
+        if kept.copy_uid.is_none() || kept.copy_uid != copy.uid || !kept.root_live {
+            return None;
+        }
+        let uid = kept.root_uid.clone()?;
         Some(RootPod {
             namespace: key.0,
             name: key.1,
-            uid: root_uid,
+            uid,
         })
     }
 
@@ -258,17 +277,29 @@ impl Shared {
     }
 
     fn enqueue_known(&self) {
-        let keys: Vec<Key> = lock(&self.known).iter().cloned().collect();
+        let keys: Vec<Key> = lock(&self.pods).keys().cloned().collect();
         for key in keys {
             self.queue.add(key);
         }
     }
 
     fn saw(&self, key: Key) {
-        if lock(&self.known).insert(key.clone()) {
-            self.context.metrics.pods_synced.inc();
-        }
+        self.keep(&key, |_| {});
         self.queue.add(key);
+    }
+
+    /// Changes what is kept of pod `key` (known from now on, if it was not); what `change`
+    /// returns.
+    fn keep<T>(&self, key: &Key, change: impl FnOnce(&mut Kept) -> T) -> T {
+        let mut pods = lock(&self.pods);
+        let kept = match pods.get_mut(key) {
+            Some(kept) => kept,
+            None => {
+                self.context.metrics.pods_synced.inc();
+                pods.entry(key.clone()).or_default()
+            }
+        };
+        change(kept)
     }
 
     /// The root pods bound to the Node, as the pod index's watch sees them change.
@@ -289,31 +320,29 @@ impl Shared {
                 }
                 Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod)) => {
                     if let Some(key) = self.root_key_of_copy(&pod) {
-                        if let Some(uid) = pod.metadata.uid {
-                            lock(&self.copy_keys).insert(uid, key.clone());
-                        }
-                        self.saw(key);
+                        self.keep(&key, |kept| kept.copy_uid = pod.metadata.uid);
+                        self.queue.add(key);
                     }
                 }
                 Ok(watcher::Event::Delete(pod)) => {
-                    if let Some(uid) = &pod.metadata.uid {
-                        lock(&self.copy_keys).remove(uid);
-                    }
                     if let Some(key) = self.root_key_of_copy(&pod) {
                         // The copy's last word on why it went (an eviction's reason).
-                        if let Some(status) = pod.status.as_ref()
-                            && let Some(reason) = status.reason.as_deref()
-                        {
-                            let said = (
+                        let said = pod.status.as_ref().and_then(|status| {
+                            let reason = status.reason.as_deref()?;
+                            Some((
                                 crate::model::quote::quote(reason),
                                 crate::model::quote::quote(status.message.as_deref().unwrap_or("")),
-                            );
-                            lock(&self.memory)
-                                .entry(key.clone())
-                                .or_default()
-                                .leaf_reason = Some(said);
-                        }
-                        self.saw(key);
+                            ))
+                        });
+                        self.keep(&key, |kept| {
+                            if kept.copy_uid == pod.metadata.uid {
+                                kept.copy_uid = None;
+                            }
+                            if said.is_some() {
+                                kept.leaf_said = said;
+                            }
+                        });
+                        self.queue.add(key);
                     }
                 }
                 Ok(watcher::Event::Init) => {}
@@ -334,14 +363,14 @@ impl Shared {
     async fn work(self: Arc<Self>) {
         loop {
             let key = self.queue.next().await;
-            let mut memory = lock(&self.memory).remove(&key).unwrap_or_default();
+            let mut memory = self.keep(&key, |kept| std::mem::take(&mut kept.memory));
             let span = tracing::debug_span!("pod_sync", namespace = %key.0, pod = %key.1, leaf = %self.context.leaf.name);
             let outcome =
                 tracing::Instrument::instrument(Box::pin(self.reconcile(&key, &mut memory)), span)
                     .await;
             let again = match outcome {
                 Ok(Done::Forget) => {
-                    if lock(&self.known).remove(&key) {
+                    if lock(&self.pods).remove(&key).is_some() {
                         self.context.metrics.pods_synced.dec();
                     }
                     None
@@ -349,12 +378,12 @@ impl Shared {
                 Ok(Done::Keep) => {
                     memory.retry = None;
                     let due = memory.tokens_due.map(until);
-                    lock(&self.memory).insert(key.clone(), memory);
+                    self.keep(&key, |kept| kept.memory = memory);
                     due
                 }
                 Ok(Done::After(wait)) => {
                     let due = memory.tokens_due.map(until);
-                    lock(&self.memory).insert(key.clone(), memory);
+                    self.keep(&key, |kept| kept.memory = memory);
                     Some(due.map_or(wait, |due| due.min(wait)))
                 }
                 Err(err) => {
@@ -364,7 +393,7 @@ impl Shared {
                         .get_or_insert_with(|| Backoff::new(FIRST_RETRY, MAX_RETRY).jittered())
                         .next_wait();
                     tracing::warn!(namespace = %key.0, pod = %key.1, leaf = %self.context.leaf.name, %err, retry_in = ?wait, "running a pod in its leaf");
-                    lock(&self.memory).insert(key.clone(), memory);
+                    self.keep(&key, |kept| kept.memory = memory);
                     Some(wait)
                 }
             };
@@ -386,10 +415,18 @@ impl Shared {
             .map_err(SyncError::Root)?
             // A pod of that name on another node is another pod.
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
-        match root.as_ref().and_then(|r| r.metadata.uid.clone()) {
-            Some(uid) => lock(&self.root_uids).insert(key.clone(), uid),
-            None => lock(&self.root_uids).remove(key),
-        };
+        // The UID as read (the last one, once the pod is gone), and the copy's last word.
+        let (root_uid, said) = self.keep(key, |kept| {
+            let uid = root.as_ref().and_then(|r| r.metadata.uid.clone());
+            kept.root_live = uid.is_some();
+            if uid.is_some() {
+                kept.root_uid = uid;
+            }
+            (kept.root_uid.clone(), kept.leaf_said.take())
+        });
+        if said.is_some() {
+            memory.leaf_reason = said;
+        }
         let Some(leaf_namespace) = self.context.leaf.namespaces.leaf_namespace(namespace) else {
             return self.unmapped(&roots, root.as_ref(), memory).await;
         };
@@ -403,13 +440,10 @@ impl Shared {
         // Two whole pods read and dropped: a burst of them is memory worth giving back.
         crate::ops::memory::decoded();
         crate::ops::memory::decoded();
-        if let Some(uid) = root.as_ref().and_then(|r| r.metadata.uid.clone()) {
-            memory.root_uid = Some(uid);
-        }
         if root.is_none() && leaf.is_none() {
             self.copied.forget(&self.io(), key).await?;
             if self.context.root_apiserver.is_some()
-                && let Some(uid) = &memory.root_uid
+                && let Some(uid) = &root_uid
             {
                 self.tokens().forget(leaf_namespace, uid).await?;
             }
