@@ -38,6 +38,22 @@ struct State<K> {
     again: HashSet<K>,
 }
 
+impl<K: Eq + Hash> State<K> {
+    /// Once a burst is worked off, gives back what it grew (a thousand pods at once would
+    /// otherwise keep room for a thousand keys in each of the four, for good).
+    fn shrink_if_idle(&mut self) {
+        if self.order.is_empty() && self.working.is_empty() && self.again.is_empty() {
+            self.order.shrink_to(IDLE_ROOM);
+            self.queued.shrink_to(IDLE_ROOM);
+            self.working.shrink_to(IDLE_ROOM);
+            self.again.shrink_to(IDLE_ROOM);
+        }
+    }
+}
+
+/// The room an idle queue keeps.
+const IDLE_ROOM: usize = 16;
+
 impl<K: Clone + Eq + Hash + Send + 'static> Default for Queue<K> {
     fn default() -> Self {
         Queue {
@@ -103,7 +119,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         let again = {
             let mut state = self.lock();
             state.working.remove(key);
-            state.again.remove(key)
+            let again = state.again.remove(key);
+            state.shrink_if_idle();
+            again
         };
         if again {
             self.add(key.clone());
@@ -130,6 +148,25 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_burst_worked_off_gives_its_room_back() {
+        let q: Queue<u32> = Queue::default();
+        for key in 0..1000 {
+            q.add(key);
+        }
+        let room = |q: &Queue<u32>| {
+            let state = q.lock();
+            state.order.capacity() + state.queued.capacity() + state.working.capacity()
+        };
+        assert!(room(&q) >= 2000);
+        for _ in 0..1000 {
+            let key = q.next().await;
+            q.done(&key);
+        }
+        assert!(q.idle());
+        assert!(room(&q) <= 3 * 2 * IDLE_ROOM, "{}", room(&q));
+    }
 
     #[tokio::test]
     async fn a_key_is_queued_once_and_worked_on_by_one_worker() {

@@ -158,8 +158,9 @@ struct Kept {
     root_live: bool,
     /// Its copy's UID, as the leaf watch last showed it.
     copy_uid: Option<String>,
-    /// Why its copy ended, as the leaf watch saw it go (taken by the next reconcile).
-    leaf_said: Option<(String, String)>,
+    /// Why its copy ended, as the leaf watch saw it go (taken by the next reconcile). Boxed,
+    /// as the other rare parts: every pod's entry has room for it.
+    leaf_said: Option<Box<(String, String)>>,
 }
 
 /// What a worker remembers of one pod between its reconciles.
@@ -169,9 +170,9 @@ struct Memory {
     /// When its root status was last written.
     written: Option<Instant>,
     /// Why its copy ended, as the leaf last said.
-    leaf_reason: Option<(String, String)>,
+    leaf_reason: Option<Box<(String, String)>>,
     /// The waits after failed reconciles.
-    retry: Option<Backoff>,
+    retry: Option<Box<Backoff>>,
     /// When its root tokens are next due (`tokens`).
     tokens_due: Option<Timestamp>,
 }
@@ -329,10 +330,10 @@ impl Shared {
                         // The copy's last word on why it went (an eviction's reason).
                         let said = pod.status.as_ref().and_then(|status| {
                             let reason = status.reason.as_deref()?;
-                            Some((
+                            Some(Box::new((
                                 crate::model::quote::quote(reason),
                                 crate::model::quote::quote(status.message.as_deref().unwrap_or("")),
-                            ))
+                            )))
                         });
                         self.keep(&key, |kept| {
                             if kept.copy_uid == pod.metadata.uid {
@@ -370,8 +371,14 @@ impl Shared {
                     .await;
             let again = match outcome {
                 Ok(Done::Forget) => {
-                    if lock(&self.pods).remove(&key).is_some() {
+                    let mut pods = lock(&self.pods);
+                    if pods.remove(&key).is_some() {
                         self.context.metrics.pods_synced.dec();
+                    }
+                    // A burst gone gives its room back (rarely: a quarter full at most).
+                    if pods.capacity() > 64 && pods.len() < pods.capacity() / 4 {
+                        let keep = pods.len() * 2;
+                        pods.shrink_to(keep);
                     }
                     None
                 }
@@ -390,7 +397,9 @@ impl Shared {
                     self.context.metrics.pod_sync_error(err.side());
                     let wait = memory
                         .retry
-                        .get_or_insert_with(|| Backoff::new(FIRST_RETRY, MAX_RETRY).jittered())
+                        .get_or_insert_with(|| {
+                            Box::new(Backoff::new(FIRST_RETRY, MAX_RETRY).jittered())
+                        })
                         .next_wait();
                     tracing::warn!(namespace = %key.0, pod = %key.1, leaf = %self.context.leaf.name, %err, retry_in = ?wait, "running a pod in its leaf");
                     self.keep(&key, |kept| kept.memory = memory);
@@ -450,7 +459,7 @@ impl Shared {
             return Ok(Done::Forget);
         }
         if let Some(said) = leaf.as_ref().and_then(leaf_reason) {
-            memory.leaf_reason = Some(said);
+            memory.leaf_reason = Some(Box::new(said));
         }
         let rules = CopyRules {
             marks: self.marks.clone(),
@@ -464,7 +473,7 @@ impl Shared {
             rules: &rules,
             host_ip: &self.context.host_ip,
             own_namespace: &self.context.owner,
-            leaf_reason: memory.leaf_reason.as_ref(),
+            leaf_reason: memory.leaf_reason.as_deref(),
             now: Timestamp::now(),
         };
         let Plan {
