@@ -20,23 +20,23 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// The lowest port handed out; the highest is just below the ephemeral range.
 const LOWEST: u16 = 16384;
 
-/// A loopback port no one listens on at the time of the call.
+/// How far apart two numbers handed out in one process lie. relaylet binds a listener per
+/// virtual node on the first free port above `NODE_SERVER_PORT`; were the next number handed out
+/// just above the last, a test's replica would take the port another test was just told (seen
+/// as "Address already in use" when the second replica starts).
+const STRIDE: u16 = 32;
+
+/// Where this process's next number comes from: one cursor for ports and windows alike, so
+/// nothing handed out in one process overlaps anything else it handed out.
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A loopback port no one listens on at the time of the call, with the `STRIDE - 1` ports
+/// above it free too (room for the listeners of the virtual nodes it serves).
 pub fn free_loopback_port() -> std::io::Result<SocketAddr> {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let highest = ephemeral_start().saturating_sub(1);
-    if highest <= LOWEST {
-        return TcpListener::bind(("127.0.0.1", 0))?.local_addr();
+    match claim(STRIDE - 1) {
+        Some(port) => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
+        None => TcpListener::bind(("127.0.0.1", 0))?.local_addr(),
     }
-    let span = usize::from(highest - LOWEST) + 1;
-    let start = std::process::id() as usize * 7919 % span;
-    for _ in 0..span {
-        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        let port = LOWEST + offset as u16;
-        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
-            return listener.local_addr();
-        }
-    }
-    TcpListener::bind(("127.0.0.1", 0))?.local_addr()
 }
 
 /// The first port of a window of `len + 1` loopback ports (`first..=first + len`) that lies
@@ -45,24 +45,32 @@ pub fn free_loopback_port() -> std::io::Result<SocketAddr> {
 /// could reach into the ephemeral range, where the fleet's own connections and port-0
 /// listeners had taken 79 of 1,000 ports.
 pub fn free_loopback_window(len: u16) -> std::io::Result<u16> {
+    claim(len).ok_or_else(|| {
+        std::io::Error::other(format!(
+            "no free window of {len} loopback ports below the ephemeral range"
+        ))
+    })
+}
+
+/// The first port of `first..=first + len`, all free and below the ephemeral range, taken from
+/// this process's cursor (which then moves past it, rounded up to the stride).
+fn claim(len: u16) -> Option<u16> {
     let highest = ephemeral_start().saturating_sub(1).saturating_sub(len);
     if highest <= LOWEST {
-        return Err(std::io::Error::other(format!(
-            "no window of {len} ports below the ephemeral range"
-        )));
+        return None;
     }
-    let bases = usize::from(highest - LOWEST) / (usize::from(len) + 1) + 1;
-    let start = std::process::id() as usize % bases;
-    for i in 0..bases {
-        let first = LOWEST + (((start + i) % bases) * (usize::from(len) + 1)) as u16;
+    let span = usize::from(highest - LOWEST) + 1;
+    let step = (usize::from(len) + 1).div_ceil(usize::from(STRIDE)) * usize::from(STRIDE);
+    let start = std::process::id() as usize * 7919 % span;
+    for _ in 0..span.div_ceil(step) {
+        let offset = (start + NEXT.fetch_add(step, Ordering::Relaxed)) % span;
+        let first = LOWEST + offset as u16;
         let free = (first..=first + len).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok());
         if free {
-            return Ok(first);
+            return Some(first);
         }
     }
-    Err(std::io::Error::other(format!(
-        "no free window of {len} loopback ports below the ephemeral range"
-    )))
+    None
 }
 
 /// The first port of the kernel's ephemeral range (32768 when it cannot be read).
@@ -83,7 +91,20 @@ mod tests {
         let b = free_loopback_port().unwrap().port();
         assert!(a >= LOWEST && a < ephemeral_start(), "{a}");
         assert!(b >= LOWEST && b < ephemeral_start(), "{b}");
-        assert_ne!(a, b);
+        assert!(a.abs_diff(b) >= STRIDE, "{a} {b}");
+    }
+
+    #[test]
+    fn a_window_and_the_ports_around_it_do_not_overlap() {
+        let before = free_loopback_port().unwrap().port();
+        let first = free_loopback_window(100).unwrap();
+        let after = free_loopback_port().unwrap().port();
+        for port in [before, after] {
+            assert!(
+                !(first..=first + 100).contains(&port),
+                "{port} in {first}+100"
+            );
+        }
     }
 
     #[test]
