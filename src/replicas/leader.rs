@@ -17,12 +17,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::identity::{self, Ignored};
 use super::ignored::IgnoredLeases;
+use super::leadership::{Leadership, Term};
 use super::live_pods::LivePods;
 
 /// How long a leader's claim lasts without renewal. A successor takes over at most this plus
@@ -32,56 +32,6 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(10);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(7);
 /// How often candidates try and leaders renew.
 pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
-
-/// Whether this replica leads now. Cheap to clone.
-#[derive(Clone)]
-pub struct Leadership {
-    is_leader: watch::Receiver<bool>,
-    /// Holds the sender of a fixed leadership, so the value stays readable.
-    _fixed: Option<std::sync::Arc<watch::Sender<bool>>>,
-}
-
-impl Leadership {
-    /// Always the leader (single replica, `LEADER_ELECT=false`, tests).
-    pub fn always() -> Leadership {
-        let (tx, rx) = watch::channel(true);
-        Leadership {
-            is_leader: rx,
-            _fixed: Some(std::sync::Arc::new(tx)),
-        }
-    }
-
-    /// The only replica (`LEADER_ELECT=false`), leading once `eligible` resolves.
-    pub fn once(eligible: impl std::future::Future<Output = ()> + Send + 'static) -> Leadership {
-        let (tx, rx) = watch::channel(false);
-        let tx = std::sync::Arc::new(tx);
-        tokio::spawn({
-            let tx = tx.clone();
-            async move {
-                eligible.await;
-                tx.send_replace(true);
-            }
-        });
-        Leadership {
-            is_leader: rx,
-            _fixed: Some(tx),
-        }
-    }
-
-    pub fn is_leader(&self) -> bool {
-        *self.is_leader.borrow()
-    }
-
-    /// Resolves when leadership changes, with the new value. Never resolves once the election
-    /// has ended (its value is final then), so callers can select on it in a loop without
-    /// spinning.
-    pub async fn changed(&mut self) -> bool {
-        if self.is_leader.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-        self.is_leader()
-    }
-}
 
 /// Whose claim on an elected Lease counts, besides the candidate's own.
 #[derive(Clone)]
@@ -119,7 +69,7 @@ pub fn elect(
     eligible: impl std::future::Future<Output = ()> + Send + 'static,
     stop: CancellationToken,
 ) -> Leadership {
-    let (tx, rx) = watch::channel(false);
+    let (tx, leadership) = Leadership::elected();
     let api: Api<Lease> = Api::namespaced(root, namespace);
     let name = name.to_string();
     tokio::spawn(async move {
@@ -137,26 +87,23 @@ pub fn elect(
             last_renew: None,
         };
         loop {
-            let leading = election.try_acquire_or_renew().await;
-            let was = *tx.borrow();
-            if leading != was {
-                tracing::info!(identity = %election.identity, leading, "leadership changed");
-                tx.send_replace(leading);
+            let term = election.try_acquire_or_renew().await;
+            let was = tx.borrow().leading;
+            if term.leading != was {
+                tracing::info!(identity = %election.identity, leading = term.leading, "leadership changed");
             }
+            tx.send_if_modified(|old| std::mem::replace(old, term) != term);
             tokio::select! {
                 _ = tokio::time::sleep(RETRY_PERIOD) => {}
                 _ = stop.cancelled() => break,
             }
         }
-        if *tx.borrow() {
-            tx.send_replace(false);
+        if tx.borrow().leading {
+            tx.send_replace(Term::default());
             election.release().await;
         }
     });
-    Leadership {
-        is_leader: rx,
-        _fixed: None,
-    }
+    leadership
 }
 
 /// Who holds a Lease and when they last renewed it.
@@ -177,37 +124,57 @@ struct Election {
 }
 
 impl Election {
-    /// One round; returns whether we lead after it.
-    async fn try_acquire_or_renew(&mut self) -> bool {
-        match self.round().await {
-            Ok(leading) => {
-                if leading {
-                    self.last_renew = Some(Instant::now());
-                }
-                leading
+    /// One round, bounded by the current term's deadline (or, when not leading, by
+    /// `RENEW_DEADLINE`): a hung root call cannot keep a term alive. The term after it.
+    async fn try_acquire_or_renew(&mut self) -> Term {
+        let started = Instant::now();
+        let deadline = self
+            .term_end()
+            .filter(|end| *end > started)
+            .unwrap_or(started + RENEW_DEADLINE);
+        let round = tokio::time::timeout_at(deadline, self.round()).await;
+        match round {
+            Ok(Ok(true)) => {
+                // Timed from the round's start: what peers see of it is later still.
+                self.last_renew = Some(started);
             }
-            Err(err) => {
-                tracing::debug!(%err, "leader election round failed");
-                // Keep leading only while still inside the renew deadline.
-                self.last_renew
-                    .is_some_and(|t| t.elapsed() < RENEW_DEADLINE)
+            Ok(Ok(false)) => self.last_renew = None,
+            Ok(Err(err)) => tracing::debug!(%err, "leader election round failed"),
+            Err(_) => tracing::debug!("leader election round timed out"),
+        }
+        match self.term_end() {
+            Some(until) if Instant::now() < until => Term {
+                leading: true,
+                until: Some(until),
+            },
+            _ => {
+                self.last_renew = None;
+                Term::default()
             }
         }
     }
 
+    /// When the current term ends unless renewed: the last renewal's start plus the deadline.
+    fn term_end(&self) -> Option<Instant> {
+        self.last_renew.map(|at| at + RENEW_DEADLINE)
+    }
+
     async fn round(&mut self) -> Result<bool, kube::Error> {
-        let now = MicroTime(Timestamp::now());
+        // To the microsecond, as the Lease stores it: `landed` compares it with what is read.
+        let now = Timestamp::from_microsecond(Timestamp::now().as_microsecond())
+            .map(MicroTime)
+            .unwrap_or_else(|_| MicroTime(Timestamp::now()));
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.clone()),
                     ..Default::default()
                 },
-                spec: Some(self.claim(now, 0)),
+                spec: Some(self.claim(now.clone(), 0)),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(kube::Error::Api(e)) if e.code == 409 => self.landed(&now).await,
                 Err(e) => Err(e),
             };
         };
@@ -242,7 +209,7 @@ impl Election {
         } else {
             None
         };
-        let mut claim = self.claim(now, transitions);
+        let mut claim = self.claim(now.clone(), transitions);
         if acquire_time.is_some() {
             claim.acquire_time = acquire_time;
         }
@@ -254,9 +221,21 @@ impl Election {
             .await
         {
             Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(kube::Error::Api(e)) if e.code == 409 => self.landed(&now).await,
             Err(e) => Err(e),
         }
+    }
+
+    /// After a 409: whether the Lease holds this very claim anyway. A write retried after a
+    /// 429 or 503 whose first attempt landed meets its own new resourceVersion; that is a
+    /// renewal, not a lost race (else a replica would count itself gone for a round).
+    async fn landed(&self, claimed: &MicroTime) -> Result<bool, kube::Error> {
+        let lease = self.api.get_opt(&self.name).await?;
+        let spec = lease.and_then(|l| l.spec);
+        Ok(spec.is_some_and(|s| {
+            s.holder_identity.as_deref() == Some(self.identity.as_str())
+                && s.renew_time.as_ref() == Some(claimed)
+        }))
     }
 
     fn claim(&self, now: MicroTime, transitions: i32) -> LeaseSpec {
@@ -322,6 +301,11 @@ mod tests {
         version: Mutex<u64>,
         /// Every request fails with 500 while set.
         down: AtomicBool,
+        /// Every request goes unanswered while set (a black-holed connection).
+        hang: AtomicBool,
+        /// The next PUT lands but is answered 409 (as a write retried after a 503 whose first
+        /// attempt landed is).
+        lose_next_answer: AtomicBool,
     }
 
     impl FakeLeases {
@@ -377,6 +361,9 @@ mod tests {
                     *version += 1;
                     lease.metadata.resource_version = Some(version.to_string());
                     *stored = Some(lease.clone());
+                    if self.lose_next_answer.swap(false, Ordering::SeqCst) {
+                        return (StatusCode::CONFLICT, status(409, "Conflict"));
+                    }
                     (StatusCode::OK, serde_json::to_vec(&lease).unwrap())
                 }
                 _ => (
@@ -402,6 +389,9 @@ mod tests {
             async move {
                 let method = req.method().clone();
                 let body = req.into_body().collect().await?.to_bytes();
+                if leases.hang.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
                 let (code, body) = leases.answer(&method, &body);
                 Response::builder()
                     .status(code)
@@ -674,5 +664,51 @@ mod tests {
             stepped_down + RETRY_PERIOD * 2 > RENEW_DEADLINE,
             "{stepped_down:?}"
         );
+    }
+
+    /// A leader whose root calls hang (a black-holed connection, no answer and no error) steps
+    /// down at its deadline: the start of its last renewal plus `RENEW_DEADLINE`, before any
+    /// peer (who saw that renewal later) can count its Lease expired.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_whose_calls_hang_steps_down_at_its_deadline() {
+        let leases = Arc::new(FakeLeases::default());
+        let (mut a, _stop_a) = candidate(&leases, "a");
+        until(&mut a, true).await;
+        // Just after a renewal started (rounds are RETRY_PERIOD apart, the first at once).
+        let renewed = Instant::now();
+        tokio::time::sleep(RETRY_PERIOD / 2).await;
+        leases.hang.store(true, Ordering::SeqCst);
+        until(&mut a, false).await;
+        assert!(
+            renewed.elapsed() <= RENEW_DEADLINE + RETRY_PERIOD,
+            "{:?}",
+            renewed.elapsed()
+        );
+        assert!(renewed.elapsed() < LEASE_DURATION);
+        // The hang ends: it leads again.
+        leases.hang.store(false, Ordering::SeqCst);
+        until(&mut a, true).await;
+    }
+
+    /// A renewal answered 409 although it landed (its first attempt went through, the retry
+    /// met its own new resourceVersion) is a renewal: the leader never steps down for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_that_landed_but_was_answered_409_keeps_the_lead() {
+        let leases = Arc::new(FakeLeases::default());
+        let (mut a, _stop_a) = candidate(&leases, "a");
+        until(&mut a, true).await;
+        let mut watcher = a.clone();
+        let stepped_down = tokio::spawn(async move { while watcher.changed().await {} });
+        for _ in 0..3 {
+            leases.lose_next_answer.store(true, Ordering::SeqCst);
+            tokio::time::sleep(RETRY_PERIOD).await;
+        }
+        tokio::time::sleep(RETRY_PERIOD * 3).await;
+        assert!(
+            !stepped_down.is_finished(),
+            "stepped down for its own write"
+        );
+        assert!(a.is_leader());
+        assert_eq!(leases.holder().as_deref(), Some("a"));
     }
 }

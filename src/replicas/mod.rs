@@ -2,7 +2,7 @@
 //! node, so the nodes are spread over all of them.
 //!
 //! It offers the virtual node controller [`start`] (joining: [`Joined`]), [`Replicas`] (this
-//! replica and the others it sees, `presence`), [`Leadership`] (the elected leader, `leader`),
+//! replica and the others it sees, `presence`), [`Leadership`] (the elected leader, `leader`; a term with a deadline, `leadership`),
 //! [`Assignment`] (`assignment`: which live replica serves which Node, the same answer on every
 //! replica) and
 //! `served_by` (the one-writer rule on a Node). Inside, `live_pods` (this install's Running
@@ -13,13 +13,14 @@ mod assignment;
 mod identity;
 mod ignored;
 mod leader;
+mod leadership;
 mod live_pods;
 mod presence;
 pub mod served_by;
 mod start;
 
 pub use assignment::Assignment;
-pub use leader::Leadership;
+pub use leadership::Leadership;
 pub use live_pods::LivePods;
 pub use presence::{Judges, PRESENCE_PREFIX, Peers, Replicas};
 pub use start::{Joined, LEADER_LEASE, start};

@@ -35,7 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::identity::{self, Presence};
 use super::ignored::IgnoredLeases;
-use super::leader::{self, Holders, LEASE_DURATION, Leadership};
+use super::leader::{self, Holders, LEASE_DURATION};
+use super::leadership::Leadership;
 use super::live_pods::LivePods;
 
 /// The prefix of presence Lease names; the rest is the replica's name.
@@ -53,6 +54,8 @@ const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 /// two replicas may count one killed peer gone up to this far apart. A listing is a read of a
 /// few small Leases per replica.
 const LIST_EVERY: Duration = Duration::from_secs(1);
+/// How long one listing may take before it is given up.
+const LIST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Presence Leases remembered (to tell their writes apart) besides those that count; a Lease
 /// beyond it that breaks the rules is still ignored, and counted at every listing.
 const MAX_TRACKED: usize = 1024;
@@ -188,7 +191,15 @@ impl Replicas {
             // fails the peers stay as last seen.
             let mut failing = false;
             loop {
-                match list(&api, &mut seen, &judges).await {
+                // A listing that hangs keeps the peers as last seen (no one is judged gone
+                // from a listing that never came) and is given up, so the next one can start.
+                let listed_now =
+                    tokio::time::timeout(LIST_TIMEOUT, list(&api, &mut seen, &judges)).await;
+                match listed_now.unwrap_or_else(|_| {
+                    Err(kube::Error::Service(
+                        "listing presence leases timed out".into(),
+                    ))
+                }) {
                     Ok(peers) => {
                         if std::mem::take(&mut failing) {
                             tracing::info!("listing replica presence leases works again");
@@ -251,8 +262,10 @@ impl Replicas {
 }
 
 /// Lists the namespace's Leases a page at a time into `seen`; the peers they show.
+/// Each Lease is timed from when its page arrived, never from when the listing was asked for:
+/// the holder times its term from its renewal's start, so a slow listing only makes a peer
+/// look alive longer here, never gone before its own deadline.
 async fn list(api: &Api<Lease>, seen: &mut Seen, judges: &Judges) -> Result<Peers, kube::Error> {
-    let now = Instant::now();
     seen.begin();
     let mut token: Option<String> = None;
     loop {
@@ -261,6 +274,7 @@ async fn list(api: &Api<Lease>, seen: &mut Seen, judges: &Judges) -> Result<Peer
             params = params.continue_token(token);
         }
         let page = api.list(&params).await?;
+        let now = Instant::now();
         for lease in &page.items {
             seen.observe(lease, now, judges);
         }
@@ -704,5 +718,44 @@ mod tests {
         let peers = Peers::default();
         assert!(!peers.may_be_alive("old-pod"));
         assert_eq!(peers.candidates("a", false).count(), 0);
+    }
+
+    /// A listing whose answer is slow times the Leases it shows from when the answer came:
+    /// the holder's term runs from its renewal's start, so a peer's expiry here must not come
+    /// from when the listing was asked for (a LIST slower than 3 s ate the margin).
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_listing_times_leases_from_its_answer() {
+        use http::{Request, Response};
+        let slow = Duration::from_secs(5);
+        let renewed = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let service = tower::service_fn({
+            let renewed = renewed.clone();
+            move |_req: Request<kube::client::Body>| {
+                let renewed = renewed.load(std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    tokio::time::sleep(slow).await;
+                    let list = serde_json::json!({
+                        "apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                        "metadata": {}, "items": [lease("b", Some("b"), renewed)],
+                    });
+                    Response::builder()
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(serde_json::to_vec(&list).unwrap()))
+                        .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+                }
+            }
+        });
+        let api: Api<Lease> = Api::namespaced(Client::new(service, "relaylet"), "relaylet");
+        let j = judges(&Metrics::new());
+        let mut seen = Seen::default();
+        list(&api, &mut seen, &j).await.unwrap();
+        renewed.store(2, std::sync::atomic::Ordering::SeqCst);
+        let asked = Instant::now();
+        let peers = list(&api, &mut seen, &j).await.unwrap();
+        assert!(peers.may_be_alive("b"));
+        assert_eq!(
+            seen.next_expiry(Instant::now()),
+            Some(asked + slow + LEASE_DURATION)
+        );
     }
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use kube::Client;
 
 use super::ignored::IgnoredLeases;
-use super::leader::{self, Holders, Leadership};
+use super::leader::{self, Holders};
+use super::leadership::Leadership;
 use super::live_pods::LivePods;
 use super::{Judges, Replicas};
 use crate::certs::CsrCert;

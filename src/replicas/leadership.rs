@@ -1,0 +1,153 @@
+//! Whether this replica leads (or, for a presence Lease, is present) *now*: a term with a
+//! deadline on the monotonic clock.
+//!
+//! The election publishes a term when a round ends, but a round can hang (a black-holed root
+//! connection) and a process can be paused (SIGSTOP, a starved node) past its deadline. So a
+//! term carries the instant it ends (its last renewal's start plus `RENEW_DEADLINE`), and every
+//! reader checks it where it acts: past the deadline, [`Leadership::is_leader`] says no even
+//! before the election task has run again. Peers time a Lease from when they *saw* its change,
+//! which is after the renewal's start, so the holder's deadline always comes first.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// What the election last published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Term {
+    pub(super) leading: bool,
+    /// When the term ends unless renewed; `None`: it does not end (no election).
+    pub(super) until: Option<Instant>,
+}
+
+impl Term {
+    /// Whether the term holds at `now`.
+    fn holds(&self, now: Instant) -> bool {
+        self.leading && self.until.is_none_or(|until| now < until)
+    }
+}
+
+/// Whether this replica leads now. Cheap to clone.
+#[derive(Clone)]
+pub struct Leadership {
+    term: watch::Receiver<Term>,
+    /// Holds the sender of a fixed leadership, so the value stays readable.
+    _fixed: Option<Arc<watch::Sender<Term>>>,
+}
+
+impl Leadership {
+    /// Always the leader (single replica, `LEADER_ELECT=false`, tests).
+    pub fn always() -> Leadership {
+        let (tx, rx) = watch::channel(Term {
+            leading: true,
+            until: None,
+        });
+        Leadership {
+            term: rx,
+            _fixed: Some(Arc::new(tx)),
+        }
+    }
+
+    /// The only replica (`LEADER_ELECT=false`), leading once `eligible` resolves.
+    pub fn once(eligible: impl std::future::Future<Output = ()> + Send + 'static) -> Leadership {
+        let (tx, rx) = watch::channel(Term::default());
+        let tx = Arc::new(tx);
+        tokio::spawn({
+            let tx = tx.clone();
+            async move {
+                eligible.await;
+                tx.send_replace(Term {
+                    leading: true,
+                    until: None,
+                });
+            }
+        });
+        Leadership {
+            term: rx,
+            _fixed: Some(tx),
+        }
+    }
+
+    /// A leadership following the terms an election sends on `tx`.
+    pub(super) fn elected() -> (watch::Sender<Term>, Leadership) {
+        let (tx, rx) = watch::channel(Term::default());
+        (
+            tx,
+            Leadership {
+                term: rx,
+                _fixed: None,
+            },
+        )
+    }
+
+    /// Whether this replica leads at this instant (its term published and not past its
+    /// deadline).
+    pub fn is_leader(&self) -> bool {
+        self.term.borrow().holds(Instant::now())
+    }
+
+    /// Resolves when leadership may have changed (a new term, or the current one reaching its
+    /// deadline), with the new value. Never resolves once the election has ended and the
+    /// value is final, so callers can select on it in a loop without spinning.
+    pub async fn changed(&mut self) -> bool {
+        let term = *self.term.borrow_and_update();
+        let deadline = term.until.filter(|_| term.holds(Instant::now()));
+        let news = async {
+            if self.term.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        match deadline {
+            Some(at) => tokio::select! {
+                _ = news => {}
+                _ = tokio::time::sleep_until(at) => {}
+            },
+            None => news.await,
+        }
+        self.is_leader()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A term past its deadline does not hold, even when nothing has published since (the
+    /// election's round hangs, or the process was paused): checked where it acts.
+    #[tokio::test(start_paused = true)]
+    async fn a_term_ends_at_its_deadline_without_a_new_one() {
+        let (tx, leadership) = Leadership::elected();
+        let until = Instant::now() + Duration::from_secs(7);
+        tx.send_replace(Term {
+            leading: true,
+            until: Some(until),
+        });
+        assert!(leadership.is_leader());
+        tokio::time::advance(Duration::from_secs(7)).await;
+        assert!(!leadership.is_leader());
+        drop(tx);
+        // A waiter hears the end of the term (at its deadline), then waits for news only.
+        let (tx, mut waiting) = Leadership::elected();
+        let start = Instant::now();
+        tx.send_replace(Term {
+            leading: true,
+            until: Some(start + Duration::from_secs(3)),
+        });
+        assert!(!waiting.changed().await);
+        assert_eq!(start.elapsed(), Duration::from_secs(3));
+        let next = tokio::time::timeout(Duration::from_secs(60), waiting.changed()).await;
+        assert!(next.is_err(), "woke with no news");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fixed_leaderships_never_end() {
+        let always = Leadership::always();
+        tokio::time::advance(Duration::from_secs(86_400)).await;
+        assert!(always.is_leader());
+        let mut once = Leadership::once(std::future::ready(()));
+        assert!(once.changed().await);
+    }
+}
