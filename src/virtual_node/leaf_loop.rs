@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use super::desired::{self, LeafHealth};
 use super::leaf_watch::{self, LeafWatch};
-use super::node_lease::LEASE_RENEW;
+use super::node_lease::{LEASE_RENEW, LeaseMark};
 use super::node_watch::NodeEvent;
 use super::rounds::Rounds;
 use super::{Controller, Ownership, SyncError, patch_params, served_by};
@@ -608,9 +608,13 @@ impl Controller {
             if !self.assigned(&leaf.node_name) {
                 return Ok(());
             }
-            self.renew_lease(&leaf.node_name, state.node_uid.as_deref())
-                .await
-                .inspect_err(|_| self.metrics.node_write_error("lease"))?;
+            self.renew_lease(
+                &leaf.node_name,
+                state.node_uid.as_deref(),
+                &mut state.lease_mark,
+            )
+            .await
+            .inspect_err(|_| self.metrics.node_write_error("lease"))?;
             state.lease_renewed = Some(tick);
         }
         Ok(())
@@ -649,6 +653,7 @@ impl Controller {
             // waits for that before it stops accepting.
             state.written = None;
             state.lease_renewed = None;
+            state.lease_mark = None;
             Cow::Owned(taken)
         };
         if !state.held {
@@ -687,6 +692,8 @@ struct LeafLoop {
     /// Node back never writes it).
     written: Option<Box<(NodeStatus, Instant)>>,
     lease_renewed: Option<Instant>,
+    /// What this term last wrote to (or read of) the node Lease; `None`: read it first.
+    lease_mark: Option<LeaseMark>,
     node_uid: Option<String>,
     /// The Node's resourceVersion as this replica last read or wrote it while holding it. Every
     /// write carries it, so none lands on a Node changed since (taken by another replica while
@@ -741,6 +748,7 @@ impl LeafLoop {
             version_read: None,
             written: None,
             lease_renewed: None,
+            lease_mark: None,
             node_uid: None,
             node_version: None,
             known_versions: VecDeque::new(),
@@ -784,6 +792,7 @@ impl LeafLoop {
         self.node_version = None;
         self.known_versions.clear();
         self.lease_renewed = None;
+        self.lease_mark = None;
         controller.set_served(node, false);
         controller.node_ports.release(node);
     }

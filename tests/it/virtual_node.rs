@@ -325,6 +325,44 @@ async fn leaf_with_node() -> Cluster {
     leaf
 }
 
+/// The node lifecycle controller counts a renewal only when `renewTime` moves forward. A node
+/// Lease last renewed by a replica whose clock ran 40 s ahead is renewed just past that time,
+/// never back to this replica's clock (the Node would go Unknown for 40 s), and every renewal
+/// is guarded by the version it read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_lease_renewed_by_a_clock_ahead_never_moves_back() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let root = root_cluster(None).await;
+        let leaf = leaf_with_node().await;
+        let store = root.api.store().clone();
+        let ahead = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(40);
+        let planted: Lease = serde_json::from_value(json!({
+            "metadata": {"namespace": "kube-node-lease", "name": NODE},
+            "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40,
+                "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(ahead)},
+        }))
+        .expect("lease JSON");
+        store.create_typed(&planted).expect("lease planted");
+        let since = store.revision();
+        let replica = Replica::start(&root, "relaylet-0", "127.0.0.1", 0, &[]).await;
+        store.create_typed(&leaf_secret(&leaf)).expect("secret");
+        let renewals = wait_for("two renewals", || {
+            let r: Vec<Lease> = versions_since(&store, since, "leases", NODE);
+            (r.len() >= 2).then_some(r)
+        })
+        .await;
+        let mut last = ahead;
+        for lease in &renewals {
+            let renewed = renew_time(lease).expect("renewTime");
+            assert!(renewed > last, "renewTime went from {last} to {renewed}");
+            last = renewed;
+        }
+        drop(replica);
+    })
+    .await
+    .expect("within 90 s");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_appears_follows_capacity_quietly_renews_its_lease_and_goes_with_its_secret() {
     tokio::time::timeout(Duration::from_secs(90), async {
