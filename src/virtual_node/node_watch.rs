@@ -24,6 +24,11 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use crate::model::node_ownership::MANAGED_BY_LABEL;
+use crate::ops::Backoff;
+
+/// The first and the longest wait between failed reads of a loop's Node at its start.
+const PRIME_RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+const PRIME_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the watch saw of one Node.
 #[derive(Debug)]
@@ -85,18 +90,32 @@ impl Subscription {
         }
     }
 
-    /// Reads the Node once, when the loop starts: the Node as read becomes the next event,
-    /// unless the watch brought one meanwhile (as new or newer). A missing Node (or a failed
-    /// read) brings none. One GET per loop start, where a watch per Node listed once.
+    /// Reads the Node when the loop starts: the Node as read becomes the next event, unless
+    /// the watch brought one meanwhile (as new or newer). A missing Node brings none. A failed
+    /// read is tried again (waits growing to 10 s) until it answers or the watch has brought
+    /// an event: a loop that never learns its Node names this replica would never hand it
+    /// back, and its assignee would wait for a live holder forever. One GET per loop start,
+    /// where a watch per Node listed once.
     pub async fn prime(&self, root: &Client) {
         let before = lock(&self.slot.event).0;
         let api: Api<Node> = Api::all(root.clone());
-        match api.get_opt(&self.node).await {
-            Ok(Some(node)) => self
-                .slot
-                .put_if(|now| now == before, NodeEvent::Applied(Box::new(node))),
-            Ok(None) => {}
-            Err(err) => tracing::debug!(%err, node = %self.node, "reading the virtual node"),
+        let mut backoff = Backoff::new(PRIME_RETRY_FIRST, PRIME_RETRY_MAX).jittered();
+        loop {
+            match api.get_opt(&self.node).await {
+                Ok(Some(node)) => {
+                    return self
+                        .slot
+                        .put_if(|now| now == before, NodeEvent::Applied(Box::new(node)));
+                }
+                Ok(None) => return,
+                Err(err) => {
+                    tracing::debug!(%err, node = %self.node, "reading the virtual node (retrying)")
+                }
+            }
+            if lock(&self.slot.event).0 != before {
+                return;
+            }
+            tokio::time::sleep(backoff.next_wait()).await;
         }
     }
 }
@@ -275,5 +294,44 @@ mod tests {
             waiting.await.expect("the waiting task"),
             NodeEvent::Deleted
         ));
+    }
+
+    /// A loop whose first read of its Node fails reads it again until it answers: the Node
+    /// may name this replica, and nothing else would tell the loop (the shared watch listed it
+    /// before the loop subscribed).
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_first_read_is_tried_again_until_it_answers() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = Arc::new(AtomicUsize::new(0));
+        let service = tower::service_fn({
+            let calls = calls.clone();
+            move |_req: http::Request<kube::client::Body>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let (code, body) = if n < 3 {
+                        (
+                            500,
+                            serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                            "status": "Failure", "reason": "InternalError", "code": 500,
+                            "message": "etcd leader changed", "metadata": {}}),
+                        )
+                    } else {
+                        (200, serde_json::to_value(node("relaylet-a")).unwrap())
+                    };
+                    http::Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                        .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+                }
+            }
+        });
+        let root = Client::new(service, "default");
+        let watch = NodeWatch::default();
+        let sub = watch.subscribe("relaylet-a");
+        sub.prime(&root).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        assert!(matches!(sub.next().await, NodeEvent::Applied(_)));
     }
 }
