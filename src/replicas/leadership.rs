@@ -87,25 +87,32 @@ impl Leadership {
         self.term.borrow().holds(Instant::now())
     }
 
-    /// Resolves when leadership may have changed (a new term, or the current one reaching its
-    /// deadline), with the new value. Never resolves once the election has ended and the
-    /// value is final, so callers can select on it in a loop without spinning.
+    /// Resolves when leadership changes (a term won or lost, or the current one reaching its
+    /// deadline), with the new value; a renewal that changes nothing wakes no one. Never
+    /// resolves once the election has ended and the value is final, so callers can select on
+    /// it in a loop without spinning.
     pub async fn changed(&mut self) -> bool {
-        let term = *self.term.borrow_and_update();
-        let deadline = term.until.filter(|_| term.holds(Instant::now()));
-        let news = async {
-            if self.term.changed().await.is_err() {
-                std::future::pending::<()>().await;
+        let before = self.is_leader();
+        loop {
+            let term = *self.term.borrow_and_update();
+            let deadline = term.until.filter(|_| term.holds(Instant::now()));
+            let news = async {
+                if self.term.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            match deadline {
+                Some(at) => tokio::select! {
+                    _ = news => {}
+                    _ = tokio::time::sleep_until(at) => {}
+                },
+                None => news.await,
             }
-        };
-        match deadline {
-            Some(at) => tokio::select! {
-                _ = news => {}
-                _ = tokio::time::sleep_until(at) => {}
-            },
-            None => news.await,
+            let now = self.is_leader();
+            if now != before {
+                return now;
+            }
         }
-        self.is_leader()
     }
 }
 
@@ -140,6 +147,25 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_secs(3));
         let next = tokio::time::timeout(Duration::from_secs(60), waiting.changed()).await;
         assert!(next.is_err(), "woke with no news");
+        // Renewals (new deadlines) wake no one; losing the term does.
+        tx.send_replace(Term {
+            leading: true,
+            until: Some(Instant::now() + Duration::from_secs(7)),
+        });
+        let mut renewing = waiting.clone();
+        let woke = tokio::spawn(async move { renewing.changed().await });
+        tokio::task::yield_now().await;
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_secs(2)).await;
+            tx.send_replace(Term {
+                leading: true,
+                until: Some(Instant::now() + Duration::from_secs(7)),
+            });
+            tokio::task::yield_now().await;
+            assert!(!woke.is_finished(), "a renewal woke a waiter");
+        }
+        tx.send_replace(Term::default());
+        assert!(!woke.await.unwrap());
     }
 
     #[tokio::test(start_paused = true)]

@@ -336,7 +336,16 @@ impl Controller {
     /// container). Ends the term (what the events said) once nothing of the Node is this
     /// replica's any more; a future term starts from a fresh read of the Node.
     async fn hand_back_round(&self, leaf: &Leaf, state: &mut LeafLoop) -> Option<Seen> {
-        if (state.held || state.seen.names_me) && self.replicas.present.is_leader() {
+        let present = self.replicas.present.is_leader();
+        if state.held && !present {
+            // Past its own deadline (its presence not renewed in time): it stops acting at once,
+            // its watches and its port too, and writes nothing (no write could be known to land
+            // in time). The Node still names it; peers take it once its presence expires for
+            // them, which is later.
+            tracing::info!(node = %leaf.node_name, "presence not renewed in time: no longer serving the virtual node");
+            state.let_go(self, &leaf.node_name);
+        }
+        if (state.held || state.seen.names_me) && present {
             match Box::pin(self.hand_back(&leaf.node_name)).await {
                 Ok(true) => {
                     state.seen.names_me = false;

@@ -21,6 +21,7 @@ use kube::api::AttachParams;
 use relaylet::config::Config;
 use relaylet::ops::Shutdown;
 use relaylet_dev::sandbox::kube_client;
+use relaylet_dev::testkit::forwarder::Forwarder;
 use relaylet_sim::apiserver::{ApiServer, ApiServerConfig, Store};
 use relaylet_sim::cluster::{Cluster, ClusterOptions, SimContainer, SimPod};
 use serde_json::json;
@@ -241,6 +242,18 @@ impl Replica {
         port: u16,
         extra: &[(&str, &str)],
     ) -> Replica {
+        Replica::start_through(root, pod_name, ip, port, extra, None).await
+    }
+
+    /// [`Replica::start`], its root traffic going through `forwarder` when given.
+    async fn start_through(
+        root: &Cluster,
+        pod_name: &str,
+        ip: &str,
+        port: u16,
+        extra: &[(&str, &str)],
+        forwarder: Option<&Forwarder>,
+    ) -> Replica {
         let mut env: BTreeMap<String, String> = BTreeMap::from([
             ("LEAF_NODE_IP".into(), ip.into()),
             ("NODE_SERVER_PORT".into(), port.to_string()),
@@ -258,6 +271,10 @@ impl Replica {
                 &["system:masters"],
             )
             .expect("root kubeconfig");
+        let kubeconfig = match forwarder {
+            Some(f) => kubeconfig.replace(&root.api.url(), &format!("https://{}", f.addr)),
+            None => kubeconfig,
+        };
         // Its Pod, as its Deployment would make it: with leader election a replica counts
         // only as a Running pod of its install (found here by the replica's own pod labels).
         if config.leader_elect {
@@ -2130,4 +2147,107 @@ async fn orphaned_nodes_are_collected_page_by_page() {
     })
     .await
     .expect("test timed out");
+}
+
+/// A replica whose root connection is black-holed (no answer, no error: a partition) stops
+/// serving its Nodes at its own deadline, its listeners and leaf watches too, before any peer
+/// may take them; the peer takes them once its presence expires, and no Node is ever served by
+/// both. Once the partition heals, the Nodes go back to where the assignment puts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_from_the_root_lets_go_before_its_nodes_are_taken() {
+    tokio::time::timeout(Duration::from_secs(240), async {
+        let root = root_cluster(None).await;
+        let store = root.api.store().clone();
+        let names = ["leaf-0", "leaf-1"];
+        let mut leaves = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            leaves.push(named_leaf_with_pod(&root, name, &format!("work-{i}")).await);
+        }
+        let nodes: Vec<String> = names.iter().map(|n| format!("relaylet-{n}")).collect();
+        let ips = BTreeMap::from([("relaylet-0", "127.0.0.1"), ("relaylet-1", "127.0.0.2")]);
+        let cut = Forwarder::start(
+            root.api
+                .url()
+                .trim_start_matches("https://")
+                .parse()
+                .expect("root address"),
+        )
+        .await;
+        let port = free_port();
+        let a = Replica::start_through(
+            &root,
+            "relaylet-0",
+            ips["relaylet-0"],
+            port,
+            &[],
+            Some(&cut),
+        )
+        .await;
+        let b = Replica::start(&root, "relaylet-1", ips["relaylet-1"], port, &[]).await;
+        let baseline: Vec<(u64, u64)> = leaves.iter().map(leaf_watches).collect();
+        for (leaf, name) in leaves.iter().zip(names) {
+            store
+                .create_typed(&leaf_secret_named(leaf, name))
+                .expect("secret");
+        }
+        let owners = spread_over(&store, &nodes, &ips).await;
+        let node = owners
+            .iter()
+            .find(|(_, owner)| *owner == "relaylet-0")
+            .map(|(node, _)| node.clone())
+            .expect("the assignment gives relaylet-0 a Node (2 Nodes, 2 replicas: one each)");
+
+        // From the cut on, each replica's own view: does it hold the Node (its listener open)?
+        cut.black_hole(true);
+        let mut a_let_go = None;
+        let mut b_took = None;
+        let mut both = 0;
+        let mut samples = 0u64;
+        wait_for("relaylet-1 serves the cut replica's Node", || {
+            let a_holds = a.running.node_ports.addr_of(&node).is_some();
+            let b_holds = b.running.node_ports.addr_of(&node).is_some();
+            samples += 1;
+            if a_holds && b_holds {
+                both += 1;
+            }
+            if !a_holds && a_let_go.is_none() {
+                a_let_go = Some(samples);
+            }
+            if b_holds && b_took.is_none() {
+                b_took = Some(samples);
+            }
+            let served = store
+                .get_typed::<Node>("", &node)
+                .ok()
+                .filter(|n| served_by(n) == "relaylet-1" && is_ready(n));
+            (served.is_some() && b_holds).then_some(())
+        })
+        .await;
+        assert_eq!(
+            both, 0,
+            "both replicas held {node} at once ({both} of {samples} samples)"
+        );
+        let (Some(let_go), Some(took)) = (a_let_go, b_took) else {
+            panic!("relaylet-0 let go at sample {a_let_go:?}, relaylet-1 took at {b_took:?}");
+        };
+        assert!(
+            let_go < took,
+            "relaylet-1 took {node} (sample {took}) before relaylet-0 let go ({let_go})"
+        );
+        // Nor does the cut replica still watch the leaf it no longer serves.
+        let i = names
+            .iter()
+            .position(|n| format!("relaylet-{n}") == node)
+            .expect("leaf");
+        let (nodes_watched, pods_watched) = leaf_watches(&leaves[i]);
+        let extra = (nodes_watched - baseline[i].0, pods_watched - baseline[i].1);
+        assert_eq!(extra, (1, 1), "{node}'s leaf: watches beyond its own");
+
+        // Healed: the assignment over both replicas again.
+        cut.black_hole(false);
+        spread_over(&store, &nodes, &ips).await;
+        drop((a, b));
+    })
+    .await
+    .expect("within 240 s");
 }

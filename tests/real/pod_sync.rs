@@ -533,8 +533,16 @@ fn kubectl_debug_adds_a_container_to_the_copy_and_attaches_to_it() {
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("kubectl's output");
-    assert_eq!(line, "got ping\n");
     drop(stdin);
+    if line != "got ping\n" {
+        // kubectl says why on stderr (a timeout waiting for the container, an attach refused).
+        let _ = child.kill();
+        let mut why = String::new();
+        if let Some(mut err) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut err, &mut why);
+        }
+        panic!("kubectl debug printed {line:?}, not \"got ping\"; its stderr: {why}");
+    }
     let status = support::wait_exit(child, Duration::from_secs(60));
     assert!(
         status.is_some_and(|s| s.success()),
