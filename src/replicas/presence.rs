@@ -54,6 +54,9 @@ const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 /// two replicas may count one killed peer gone up to this far apart. A listing is a read of a
 /// few small Leases per replica.
 const LIST_EVERY: Duration = Duration::from_secs(1);
+/// Listings further apart than this leave a gap in what this replica saw of its peers (its
+/// regular listings are at most `LIST_EVERY` apart plus a listing's time).
+const OBSERVATION_GAP: Duration = Duration::from_secs(3);
 /// How long one listing may take before it is given up.
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Presence Leases remembered (to tell their writes apart) besides those that count; a Lease
@@ -307,6 +310,8 @@ struct Seen {
     leases: BTreeMap<String, Sighting>,
     /// The listing under way; a Lease not seen in it was deleted.
     listing: u64,
+    /// When the last listing ended.
+    last_listed: Option<Instant>,
 }
 
 struct Sighting {
@@ -409,9 +414,23 @@ impl Seen {
     }
 
     /// Ends the listing at `now`: Leases it did not see were deleted. The peers it shows.
+    ///
+    /// A listing after a gap (this replica could not list, or was paused) restarts every
+    /// peer's clock: a peer is judged only by time this replica could watch it, so after an
+    /// apiserver outage no peer looks expired merely because no one could renew, and no Node
+    /// changes hands before its holder had a fair chance to renew.
     fn finish(&mut self, now: Instant) -> Peers {
         let listing = self.listing;
         self.leases.retain(|_, s| s.listing == listing);
+        let gap = self
+            .last_listed
+            .is_some_and(|at| now.duration_since(at) > OBSERVATION_GAP);
+        self.last_listed = Some(now);
+        if gap {
+            for counted in self.leases.values_mut().filter_map(|s| s.counted.as_mut()) {
+                counted.changed_at = counted.changed_at.max(now);
+            }
+        }
         let mut peers = Peers {
             elected: true,
             ..Peers::default()
@@ -498,6 +517,25 @@ mod tests {
         seen.finish(now)
     }
 
+    /// Listings of `leases` every second after `from` up to `until` (the last one at
+    /// `until`), as the listing loop makes them; the peers the last one shows.
+    fn listed_until(
+        seen: &mut Seen,
+        leases: &[Lease],
+        from: Instant,
+        until: Instant,
+        judges: &Judges,
+    ) -> Peers {
+        let mut at = from;
+        loop {
+            at = (at + Duration::from_secs(1)).min(until);
+            let peers = listing(seen, leases, at, judges);
+            if at == until {
+                return peers;
+            }
+        }
+    }
+
     fn ignored(metrics: &Metrics, reason: &str) -> u64 {
         let text = metrics.encode().unwrap();
         let prefix = format!("relaylet_ignored_leases_total{{reason=\"{reason}\"}} ");
@@ -527,7 +565,8 @@ mod tests {
 
         // Unchanged for longer than its duration (whatever its own clock says): gone.
         let later = start + RETRY_PERIOD + Duration::from_secs(11);
-        let peers = listing(&mut seen, &[lease("b", Some("b"), 2)], later, &j);
+        let b = [lease("b", Some("b"), 2)];
+        let peers = listed_until(&mut seen, &b, start + RETRY_PERIOD, later, &j);
         assert!(!peers.may_be_alive("b"));
         assert_eq!(peers.candidates("a", true).collect::<Vec<_>>(), ["a"]);
     }
@@ -554,7 +593,7 @@ mod tests {
         // Once past, an expired Lease no longer asks for a listing; a released one never does.
         let released = [lease("b", None, 5), lease("c", Some("c"), 0)];
         let past = later + LEASE_DURATION + EXPIRY_MARGIN;
-        let peers = listing(&mut seen, &released, past, &j);
+        let peers = listed_until(&mut seen, &released, then, past, &j);
         assert!(!peers.may_be_alive("c"));
         assert_eq!(seen.next_expiry(past), None);
     }
@@ -646,7 +685,7 @@ mod tests {
         assert_eq!(ignored(&metrics, "holder_mismatch"), 1);
         // Left written over: b's own claim runs out after relaylet's duration, not the day.
         let later = start + RETRY_PERIOD + LEASE_DURATION + Duration::from_secs(1);
-        let peers = listing(&mut seen, &[hijacked], later, &j);
+        let peers = listed_until(&mut seen, &[hijacked], start + RETRY_PERIOD * 2, later, &j);
         assert!(!peers.may_be_alive("b"));
         // b takes it back: a renewal.
         let peers = listing(
@@ -757,5 +796,37 @@ mod tests {
             seen.next_expiry(Instant::now()),
             Some(asked + slow + LEASE_DURATION)
         );
+    }
+
+    /// After an apiserver outage (or a pause of this replica) longer than a Lease's duration,
+    /// the first listing does not judge every peer gone: their clocks restart, and they are
+    /// gone only if they do not renew within a duration from then.
+    #[tokio::test(start_paused = true)]
+    async fn after_a_gap_in_listing_every_peer_gets_a_fair_chance_to_renew() {
+        let j = judges(&Metrics::new());
+        let mut seen = Seen::default();
+        let start = Instant::now();
+        listing(&mut seen, &[lease("b", Some("b"), 0)], start, &j);
+        listing(
+            &mut seen,
+            &[lease("b", Some("b"), 2)],
+            start + RETRY_PERIOD,
+            &j,
+        );
+        // 30 s without a listing: b could not renew either.
+        let back = start + Duration::from_secs(30);
+        let peers = listing(&mut seen, &[lease("b", Some("b"), 2)], back, &j);
+        assert!(
+            peers.may_be_alive("b"),
+            "judged gone for a time no one could watch"
+        );
+        assert_eq!(peers.candidates("a", true).collect::<Vec<_>>(), ["a", "b"]);
+        // Not renewed within a duration of the first listing after the gap: gone.
+        let b = [lease("b", Some("b"), 2)];
+        let later = back + LEASE_DURATION + Duration::from_millis(500);
+        let peers = listed_until(&mut seen, &b, back, later - Duration::from_secs(1), &j);
+        assert!(peers.may_be_alive("b"));
+        let peers = listed_until(&mut seen, &b, later - Duration::from_secs(1), later, &j);
+        assert!(!peers.may_be_alive("b"));
     }
 }

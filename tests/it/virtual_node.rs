@@ -2251,3 +2251,95 @@ async fn a_replica_cut_from_the_root_lets_go_before_its_nodes_are_taken() {
     .await
     .expect("within 240 s");
 }
+
+/// After a root apiserver outage longer than a presence Lease's duration (every replica's root
+/// traffic black-holed), no Node changes hands, even when the outage ends for one replica
+/// first: it does not judge its peer gone for a time no one could renew in, and each replica
+/// takes back the Nodes it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_outage_moves_no_node() {
+    tokio::time::timeout(Duration::from_secs(240), async {
+        let root = root_cluster(None).await;
+        let store = root.api.store().clone();
+        let names = ["leaf-0", "leaf-1"];
+        let mut leaves = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            leaves.push(named_leaf_with_pod(&root, name, &format!("work-{i}")).await);
+        }
+        let nodes: Vec<String> = names.iter().map(|n| format!("relaylet-{n}")).collect();
+        let ips = BTreeMap::from([("relaylet-0", "127.0.0.1"), ("relaylet-1", "127.0.0.2")]);
+        let root_addr: std::net::SocketAddr = root
+            .api
+            .url()
+            .trim_start_matches("https://")
+            .parse()
+            .expect("root address");
+        let port = free_port();
+        let mut replicas = Vec::new();
+        for name in ["relaylet-0", "relaylet-1"] {
+            let path = Forwarder::start(root_addr).await;
+            let replica =
+                Replica::start_through(&root, name, ips[name], port, &[], Some(&path)).await;
+            replicas.push((replica, path));
+        }
+        for (leaf, name) in leaves.iter().zip(names) {
+            store
+                .create_typed(&leaf_secret_named(leaf, name))
+                .expect("secret");
+        }
+        let owners = spread_over(&store, &nodes, &ips).await;
+        let since = store.revision();
+        for (_, path) in &replicas {
+            path.black_hole(true);
+        }
+        // Both replicas' terms end (7 s after their last renewal) ...
+        wait_for("every replica stops serving", || {
+            replicas
+                .iter()
+                .all(|(r, _)| r.running.node_ports.all().is_empty())
+                .then_some(())
+        })
+        .await;
+        // ... and their presence Leases go unrenewed past a duration (10 s).
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        // The outage ends for relaylet-0 first: it is present and serves its Node again
+        // before relaylet-1 can renew.
+        let (first, first_path) = &replicas[0];
+        first_path.black_hole(false);
+        wait_for("relaylet-0 serves again", || {
+            (!first.running.node_ports.all().is_empty()).then_some(())
+        })
+        .await;
+        // Long enough for relaylet-0 to list its peers (it lists every second) and act on
+        // what it sees; well inside the duration relaylet-1 has from that listing to renew.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        replicas[1].1.black_hole(false);
+        spread_over(&store, &nodes, &ips).await;
+        wait_for("each replica serves its Node again", || {
+            replicas
+                .iter()
+                .zip(["relaylet-0", "relaylet-1"])
+                .all(|((r, _), name)| {
+                    owners
+                        .iter()
+                        .filter(|(_, owner)| *owner == name)
+                        .all(|(node, _)| r.running.node_ports.addr_of(node).is_some())
+                })
+                .then_some(())
+        })
+        .await;
+        for node in &nodes {
+            let writers: Vec<String> = versions_since::<Node>(&store, since, "nodes", node)
+                .iter()
+                .map(served_by)
+                .collect();
+            assert!(
+                writers.iter().all(|w| *w == owners[node]),
+                "{node} changed hands after the outage: {writers:?}"
+            );
+        }
+        drop(replicas);
+    })
+    .await
+    .expect("within 240 s");
+}
