@@ -25,7 +25,7 @@ fn kubectl() -> relaylet_sim::tools::Kubectl {
 }
 
 /// Each virtual node's (writer, first address, Ready) as the root has them.
-fn nodes(w: &World) -> BTreeMap<String, (String, String, bool)> {
+pub(super) fn nodes(w: &World) -> BTreeMap<String, (String, String, bool)> {
     let json: serde_json::Value =
         serde_json::from_str(&w.root.kubectl_ok(&["get", "nodes", "-o", "json"])).expect("json");
     json["items"]
@@ -53,37 +53,56 @@ fn nodes(w: &World) -> BTreeMap<String, (String, String, bool)> {
         .collect()
 }
 
-/// Waits until every virtual node is Ready and written by one of `live` (replica index), with
-/// that replica's address first and at most an even share per replica; each node's replica.
-/// Panics if a node is seen NotReady meanwhile.
-fn spread_over(w: &World, live: &[usize]) -> BTreeMap<String, usize> {
-    let room = LEAVES.len().div_ceil(live.len());
+/// Waits until the virtual node of each of `leaves` is Ready and written by the replica the
+/// assignment over `live` (replica indexes) gives it, with that replica's address first; each
+/// node's replica. The expected spread comes from `Assignment::compute`, never from what the running system
+/// shows (a replica may rightly get no Node). Panics if a node is seen NotReady meanwhile.
+pub(super) fn spread_over_leaves(
+    w: &World,
+    leaves: &[&str],
+    live: &[usize],
+) -> BTreeMap<String, usize> {
+    let names: Vec<String> = live.iter().map(|i| format!("relaylet-{i}")).collect();
+    let nodes_expected: Vec<String> = leaves.iter().map(|l| format!("relaylet-{l}")).collect();
+    let assignment = relaylet::replicas::Assignment::compute(
+        nodes_expected.iter().map(String::as_str),
+        names.iter().map(String::as_str),
+    );
+    let expected: BTreeMap<String, usize> = nodes_expected
+        .iter()
+        .map(|node| {
+            let replica = assignment.replica_of(node).expect("assigned");
+            let i = live
+                .iter()
+                .copied()
+                .find(|i| replica == format!("relaylet-{i}"))
+                .expect("a live replica");
+            (node.clone(), i)
+        })
+        .collect();
     let mut last = BTreeMap::new();
     for _ in 0..1200 {
         let seen = nodes(w);
         for (node, (_, _, ready)) in &seen {
             assert!(ready, "{node} went NotReady: {seen:?}");
         }
-        let owners: BTreeMap<String, usize> = seen
-            .iter()
-            .filter_map(|(node, (writer, address, _))| {
-                let i = live
-                    .iter()
-                    .copied()
-                    .find(|i| *writer == format!("relaylet-{i}"))?;
-                (*address == w.replica_ip(i).to_string()).then(|| (node.clone(), i))
+        let settled = expected.iter().all(|(node, i)| {
+            seen.get(node).is_some_and(|(writer, address, _)| {
+                *writer == format!("relaylet-{i}") && *address == w.replica_ip(*i).to_string()
             })
-            .collect();
-        let fair = live
-            .iter()
-            .all(|i| owners.values().filter(|o| *o == i).count() <= room);
-        if owners.len() == LEAVES.len() && fair {
-            return owners;
+        });
+        if settled {
+            return expected;
         }
         last = seen;
         std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("the nodes never spread over replicas {live:?}: {last:?}");
+    panic!("the nodes never reached the assignment {expected:?} over replicas {live:?}: {last:?}");
+}
+
+/// [`spread_over_leaves`] of this suite's leaves.
+fn spread_over(w: &World, live: &[usize]) -> BTreeMap<String, usize> {
+    spread_over_leaves(w, LEAVES, live)
 }
 
 /// `kubectl exec` in leaf `leaf`'s pod, which must succeed.
@@ -104,7 +123,7 @@ fn exec(w: &World, leaf: &str, word: &str) {
     );
 }
 
-fn pod(leaf: &str) -> String {
+pub(super) fn pod(leaf: &str) -> String {
     format!("demo-{}", leaf.trim_start_matches("leaf-"))
 }
 

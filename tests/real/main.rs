@@ -16,3 +16,4 @@ mod leaf_konnectivity;
 mod node;
 mod node_chart;
 mod pod_sync;
+mod replica_chaos;
