@@ -191,10 +191,11 @@ async fn podsync_smoke_prints_every_pod_sync_figure() {
         let direct = row(name)["direct"].as_f64().unwrap();
         assert!(direct > 0.0 && relayed(name) > 0.0, "{name} in {stdout}");
         let ratio = row(name)["ratio"].as_f64().unwrap();
-        assert!(
-            (ratio - relayed(name) / direct).abs() < 0.01,
-            "{name} in {stdout}"
-        );
+        // The figures are printed to three decimals: a ratio of small ones (0.544 s / 0.139 s)
+        // can be off by that rounding, not more.
+        let expected = relayed(name) / direct;
+        let rounding = expected * (0.0005 / direct + 0.0005 / relayed(name)) + 0.001;
+        assert!((ratio - expected).abs() <= rounding, "{name} in {stdout}");
     }
     // Relaylet writes a synced pod's status at least once, and its copy is made and ended once.
     assert!(relayed("podsync_root_writes_per_pod") >= 1.0, "{stdout}");

@@ -32,6 +32,14 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(10);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(7);
 /// How often candidates try and leaders renew.
 pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
+/// How long a fresh presence term (the first renewal after none held: a start, a restart under
+/// the same name, a lapse) waits before it counts. A peer judges a replica gone only by a view
+/// of the presence Leases asked for less than this long ago (`Peers::current`), so once a fresh
+/// term counts, any peer that would take its Nodes sees its renewal. Without it a replica
+/// restarted under its name served its Nodes while a peer that had not yet listed its renewal
+/// took them, and a replica whose listings had failed took Nodes by a view from before its
+/// peers started (both found by the protocol simulation).
+pub const FRESH_TERM_WAIT: Duration = Duration::from_secs(6);
 
 /// Whose claim on an elected Lease counts, besides the candidate's own.
 #[derive(Clone)]
@@ -85,6 +93,7 @@ pub fn elect(
             ignored,
             observed: None,
             last_renew: None,
+            fresh_since: None,
         };
         loop {
             let term = election.try_acquire_or_renew().await;
@@ -121,6 +130,8 @@ struct Election {
     observed: Option<(Claim, Instant)>,
     /// When we last renewed successfully as leader.
     last_renew: Option<Instant>,
+    /// When the renewal that began the current term was answered.
+    fresh_since: Option<Instant>,
 }
 
 impl Election {
@@ -135,6 +146,9 @@ impl Election {
         let round = tokio::time::timeout_at(deadline, self.round()).await;
         match round {
             Ok(Ok(true)) => {
+                if self.term_end().is_none_or(|end| Instant::now() >= end) {
+                    self.fresh_since = Some(Instant::now());
+                }
                 // Timed from the round's start: what peers see of it is later still.
                 self.last_renew = Some(started);
             }
@@ -146,9 +160,15 @@ impl Election {
             Some(until) if Instant::now() < until => Term {
                 leading: true,
                 until: Some(until),
+                // Only a presence term waits: the leader's duties are not a peer's to race.
+                from: match self.holders {
+                    Holders::OnlyMe => self.fresh_since.map(|at| at + FRESH_TERM_WAIT),
+                    Holders::LivePods(_) => None,
+                },
             },
             _ => {
                 self.last_renew = None;
+                self.fresh_since = None;
                 Term::default()
             }
         }

@@ -19,12 +19,27 @@ pub(super) struct Term {
     pub(super) leading: bool,
     /// When the term ends unless renewed; `None`: it does not end (no election).
     pub(super) until: Option<Instant>,
+    /// When a fresh term starts to count (`leader::FRESH_TERM_WAIT`); `None`: at once.
+    pub(super) from: Option<Instant>,
 }
 
 impl Term {
     /// Whether the term holds at `now`.
     fn holds(&self, now: Instant) -> bool {
-        self.leading && self.until.is_none_or(|until| now < until)
+        self.leading
+            && self.from.is_none_or(|from| from <= now)
+            && self.until.is_none_or(|until| now < until)
+    }
+
+    /// The next instant at which `holds` changes by itself, if any.
+    fn turns(&self, now: Instant) -> Option<Instant> {
+        if !self.leading {
+            return None;
+        }
+        match self.from {
+            Some(from) if now < from => Some(from),
+            _ => self.until.filter(|until| now < *until),
+        }
     }
 }
 
@@ -42,6 +57,7 @@ impl Leadership {
         let (tx, rx) = watch::channel(Term {
             leading: true,
             until: None,
+            from: None,
         });
         Leadership {
             term: rx,
@@ -60,6 +76,7 @@ impl Leadership {
                 tx.send_replace(Term {
                     leading: true,
                     until: None,
+                    from: None,
                 });
             }
         });
@@ -95,7 +112,7 @@ impl Leadership {
         let before = self.is_leader();
         loop {
             let term = *self.term.borrow_and_update();
-            let deadline = term.until.filter(|_| term.holds(Instant::now()));
+            let deadline = term.turns(Instant::now());
             let news = async {
                 if self.term.changed().await.is_err() {
                     std::future::pending::<()>().await;
@@ -131,6 +148,7 @@ mod tests {
         tx.send_replace(Term {
             leading: true,
             until: Some(until),
+            from: None,
         });
         assert!(leadership.is_leader());
         tokio::time::advance(Duration::from_secs(7)).await;
@@ -142,6 +160,7 @@ mod tests {
         tx.send_replace(Term {
             leading: true,
             until: Some(start + Duration::from_secs(3)),
+            from: None,
         });
         assert!(!waiting.changed().await);
         assert_eq!(start.elapsed(), Duration::from_secs(3));
@@ -151,6 +170,7 @@ mod tests {
         tx.send_replace(Term {
             leading: true,
             until: Some(Instant::now() + Duration::from_secs(7)),
+            from: None,
         });
         let mut renewing = waiting.clone();
         let woke = tokio::spawn(async move { renewing.changed().await });
@@ -160,12 +180,30 @@ mod tests {
             tx.send_replace(Term {
                 leading: true,
                 until: Some(Instant::now() + Duration::from_secs(7)),
+                from: None,
             });
             tokio::task::yield_now().await;
             assert!(!woke.is_finished(), "a renewal woke a waiter");
         }
         tx.send_replace(Term::default());
         assert!(!woke.await.unwrap());
+    }
+
+    /// A fresh term counts only from its `from`, and a waiter hears it begin then.
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_term_counts_from_its_start() {
+        let (tx, mut leadership) = Leadership::elected();
+        let start = Instant::now();
+        tx.send_replace(Term {
+            leading: true,
+            until: Some(start + Duration::from_secs(7)),
+            from: Some(start + Duration::from_secs(6)),
+        });
+        assert!(!leadership.is_leader());
+        assert!(leadership.changed().await);
+        assert_eq!(start.elapsed(), Duration::from_secs(6));
+        assert!(!leadership.changed().await);
+        assert_eq!(start.elapsed(), Duration::from_secs(7));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,7 +7,8 @@
 //! replica) and
 //! `served_by` (the one-writer rule on a Node). Inside, `live_pods` (this install's Running
 //! relaylet pods), `identity` (which replica Leases count) and `ignored` (reporting those that
-//! do not) keep being a replica something only relaylet can claim.
+//! do not) keep being a replica something only relaylet can claim. `protocol_sim` (tests only)
+//! runs the protocol's real pieces for many replicas on virtual time under generated faults.
 
 mod assignment;
 mod identity;
@@ -16,6 +17,8 @@ mod leader;
 mod leadership;
 mod live_pods;
 mod presence;
+#[cfg(test)]
+mod protocol_sim;
 pub mod served_by;
 mod start;
 

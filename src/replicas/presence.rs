@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::identity::{self, Presence};
 use super::ignored::IgnoredLeases;
-use super::leader::{self, Holders, LEASE_DURATION};
+use super::leader::{self, FRESH_TERM_WAIT, Holders, LEASE_DURATION};
 use super::leadership::Leadership;
 use super::live_pods::LivePods;
 
@@ -53,12 +53,13 @@ const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 /// sighting of its last renewal, so the listing's lag (up to this) adds to a takeover, and
 /// two replicas may count one killed peer gone up to this far apart. A listing is a read of a
 /// few small Leases per replica.
-const LIST_EVERY: Duration = Duration::from_secs(1);
+pub(super) const LIST_EVERY: Duration = Duration::from_secs(1);
 /// Listings further apart than this leave a gap in what this replica saw of its peers (its
 /// regular listings are at most `LIST_EVERY` apart plus a listing's time).
 const OBSERVATION_GAP: Duration = Duration::from_secs(3);
-/// How long one listing may take before it is given up.
-const LIST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one listing may take before it is given up: with the listing period, the most a
+/// peer's renewal can go unseen here, which a fresh term waits out (`FRESH_TERM_WAIT`).
+const LIST_TIMEOUT: Duration = FRESH_TERM_WAIT.saturating_sub(LIST_EVERY);
 /// Presence Leases remembered (to tell their writes apart) besides those that count; a Lease
 /// beyond it that breaks the rules is still ignored, and counted at every listing.
 const MAX_TRACKED: usize = 1024;
@@ -76,7 +77,7 @@ pub struct Replicas {
 }
 
 /// The replicas seen, as of the last listing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Peers {
     /// Others whose Lease this replica saw renewed within its duration.
     renewing: BTreeSet<Arc<str>>,
@@ -85,7 +86,20 @@ pub struct Peers {
     /// `false` with leader election off: there are no others, and every node is this one's to
     /// take whatever its Node says.
     elected: bool,
+    /// When the listing these come from was asked for (not part of what is seen: a new listing
+    /// that shows the same wakes no one).
+    asked: Option<Instant>,
 }
+
+impl PartialEq for Peers {
+    fn eq(&self, other: &Peers) -> bool {
+        self.renewing == other.renewing
+            && self.maybe_alive == other.maybe_alive
+            && self.elected == other.elected
+    }
+}
+
+impl Eq for Peers {}
 
 impl Peers {
     /// Whom to spread nodes over: this replica (while present) and the others seen renewing.
@@ -101,6 +115,16 @@ impl Peers {
         self.elected && self.maybe_alive.contains(replica)
     }
 
+    /// Whether this view may judge a replica gone at `now`: it was asked for less than
+    /// `FRESH_TERM_WAIT` ago, so it shows every renewal that began a term counting now (a view
+    /// kept while listings fail, or from before a pause, judges no one gone).
+    pub fn current(&self, now: Instant) -> bool {
+        !self.elected
+            || self
+                .asked
+                .is_some_and(|asked| now.saturating_duration_since(asked) < FRESH_TERM_WAIT)
+    }
+
     /// Peers as seen with election on: `renewing` (also maybe alive) and `maybe_alive`.
     #[cfg(test)]
     pub fn seen(renewing: &[&str], maybe_alive: &[&str]) -> Peers {
@@ -112,6 +136,7 @@ impl Peers {
                 .map(|r| Arc::from(*r))
                 .collect(),
             elected: true,
+            asked: Some(Instant::now()),
         }
     }
 
@@ -269,6 +294,7 @@ impl Replicas {
 /// the holder times its term from its renewal's start, so a slow listing only makes a peer
 /// look alive longer here, never gone before its own deadline.
 async fn list(api: &Api<Lease>, seen: &mut Seen, judges: &Judges) -> Result<Peers, kube::Error> {
+    let asked = Instant::now();
     seen.begin();
     let mut token: Option<String> = None;
     loop {
@@ -283,7 +309,7 @@ async fn list(api: &Api<Lease>, seen: &mut Seen, judges: &Judges) -> Result<Peer
         }
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
-            return Ok(seen.finish(now));
+            return Ok(seen.finish(asked, now));
         }
     }
 }
@@ -306,7 +332,7 @@ type Claim = (Option<String>, Option<String>);
 
 /// What this replica has seen of each presence Lease, listing after listing.
 #[derive(Default)]
-struct Seen {
+pub(super) struct Seen {
     leases: BTreeMap<String, Sighting>,
     /// The listing under way; a Lease not seen in it was deleted.
     listing: u64,
@@ -336,12 +362,12 @@ struct Counted {
 
 impl Seen {
     /// Starts a listing.
-    fn begin(&mut self) {
+    pub(super) fn begin(&mut self) {
         self.listing += 1;
     }
 
     /// Takes in one Lease of the listing under way, seen at `now`.
-    fn observe(&mut self, lease: &Lease, now: Instant, judges: &Judges) {
+    pub(super) fn observe(&mut self, lease: &Lease, now: Instant, judges: &Judges) {
         let Some(name) = lease.metadata.name.as_deref() else {
             return;
         };
@@ -419,7 +445,7 @@ impl Seen {
     /// peer's clock: a peer is judged only by time this replica could watch it, so after an
     /// apiserver outage no peer looks expired merely because no one could renew, and no Node
     /// changes hands before its holder had a fair chance to renew.
-    fn finish(&mut self, now: Instant) -> Peers {
+    pub(super) fn finish(&mut self, asked: Instant, now: Instant) -> Peers {
         let listing = self.listing;
         self.leases.retain(|_, s| s.listing == listing);
         let gap = self
@@ -433,6 +459,7 @@ impl Seen {
         }
         let mut peers = Peers {
             elected: true,
+            asked: Some(asked),
             ..Peers::default()
         };
         for (name, sighting) in &self.leases {
@@ -514,7 +541,7 @@ mod tests {
         for lease in leases {
             seen.observe(lease, now, judges);
         }
-        seen.finish(now)
+        seen.finish(now, now)
     }
 
     /// Listings of `leases` every second after `from` up to `until` (the last one at

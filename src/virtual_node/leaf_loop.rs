@@ -336,17 +336,24 @@ impl Controller {
     /// container). Ends the term (what the events said) once nothing of the Node is this
     /// replica's any more; a future term starts from a fresh read of the Node.
     async fn hand_back_round(&self, leaf: &Leaf, state: &mut LeafLoop) -> Option<Seen> {
-        let present = self.replicas.present.is_leader();
-        if state.held && !present {
-            // Past its own deadline (its presence not renewed in time): it stops acting at once,
-            // its watches and its port too, and writes nothing (no write could be known to land
-            // in time). The Node still names it; peers take it once its presence expires for
-            // them, which is later.
-            tracing::info!(node = %leaf.node_name, "presence not renewed in time: no longer serving the virtual node");
-            state.let_go(self, &leaf.node_name);
-        }
-        if (state.held || state.seen.names_me) && present {
-            match Box::pin(self.hand_back(&leaf.node_name)).await {
+        let facts = served_by::Facts {
+            present: self.replicas.present.is_leader(),
+            assigned: false,
+            held: state.held,
+            // Held, it names this replica unless someone took it: `hand_back` reads it to know.
+            names_me: state.held || state.seen.names_me,
+            holder_gone: false,
+        };
+        match served_by::choose(facts) {
+            served_by::Choice::LetGo => {
+                // Past its own deadline (its presence not renewed in time): it stops acting at
+                // once, its watches and its port too, and writes nothing (no write could be
+                // known to land in time). The Node still names it; peers take it once its
+                // presence expires for them, which is later.
+                tracing::info!(node = %leaf.node_name, "presence not renewed in time: no longer serving the virtual node");
+                state.let_go(self, &leaf.node_name);
+            }
+            served_by::Choice::HandBack => match Box::pin(self.hand_back(&leaf.node_name)).await {
                 Ok(true) => {
                     state.seen.names_me = false;
                     state.let_go(self, &leaf.node_name);
@@ -356,7 +363,8 @@ impl Controller {
                 Err(err) => {
                     tracing::warn!(node = %leaf.node_name, %err, "handing the virtual node back")
                 }
-            }
+            },
+            _ => {}
         }
         if !state.held {
             // A port claimed by a write that never made the Node this replica's.
@@ -638,32 +646,41 @@ impl Controller {
     ) -> Result<Option<Cow<'n, Node>>, SyncError> {
         let me = &*self.replicas.me;
         let holder = served_by::served_by(node);
-        let held = if holder == me {
-            Cow::Borrowed(node)
-        } else {
-            if state.held {
-                tracing::info!(node = ?node.metadata.name, by = %holder, "another replica took the virtual node");
-                state.let_go(self, node.metadata.name.as_deref().unwrap_or(""));
-            }
-            if !served_by::may_take(holder, me, &self.replicas.peers()) {
+        let mut facts = served_by::Facts {
+            present: true,
+            assigned: true,
+            held: state.held,
+            names_me: holder == me,
+            holder_gone: served_by::may_take(holder, me, &self.replicas.peers(), Instant::now()),
+        };
+        let held = loop {
+            match served_by::choose(facts) {
+                served_by::Choice::Serve => break Cow::Borrowed(node),
+                served_by::Choice::LetGo => {
+                    tracing::info!(node = ?node.metadata.name, by = %holder, "another replica took the virtual node");
+                    state.let_go(self, node.metadata.name.as_deref().unwrap_or(""));
+                    facts.held = false;
+                }
+                served_by::Choice::Take => {
+                    // Someone wrote the Node since it was read (its holder handing it back,
+                    // another replica's claim): read it again at once, not at the next round.
+                    let Some(taken) = self.write_served_by(node, me).await? else {
+                        return Err(SyncError::Changed {
+                            node: node.metadata.name.clone().unwrap_or_default(),
+                        });
+                    };
+                    tracing::info!(node = ?node.metadata.name, from = %holder, "took the virtual node");
+                    self.metrics.virtual_node_takeovers.inc();
+                    // Written at once (with this replica's address): the replica handing the
+                    // Node over waits for that before it stops accepting.
+                    state.written = None;
+                    state.lease_renewed = None;
+                    state.lease_mark = None;
+                    break Cow::Owned(taken);
+                }
                 // Its writer is alive: it hands the Node back when it sees the assignment.
-                return Ok(None);
+                _ => return Ok(None),
             }
-            // Someone wrote the Node since it was read (its holder handing it back, another
-            // replica's claim): read it again at once, not at the next round.
-            let Some(taken) = self.write_served_by(node, me).await? else {
-                return Err(SyncError::Changed {
-                    node: node.metadata.name.clone().unwrap_or_default(),
-                });
-            };
-            tracing::info!(node = ?node.metadata.name, from = %holder, "took the virtual node");
-            self.metrics.virtual_node_takeovers.inc();
-            // Written at once (with this replica's address): the replica handing the Node over
-            // waits for that before it stops accepting.
-            state.written = None;
-            state.lease_renewed = None;
-            state.lease_mark = None;
-            Cow::Owned(taken)
         };
         if !state.held {
             state.held = true;

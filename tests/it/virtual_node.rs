@@ -2302,17 +2302,15 @@ async fn a_root_outage_moves_no_node() {
         .await;
         // ... and their presence Leases go unrenewed past a duration (10 s).
         tokio::time::sleep(Duration::from_secs(12)).await;
-        // The outage ends for relaylet-0 first: it is present and serves its Node again
-        // before relaylet-1 can renew.
+        // The outage ends for relaylet-0 first: it is present (after its fresh term's wait)
+        // and serves its Node again before relaylet-1 can renew; relaylet-1 then has what is
+        // left of a Lease duration from relaylet-0's first listing to renew.
         let (first, first_path) = &replicas[0];
         first_path.black_hole(false);
         wait_for("relaylet-0 serves again", || {
             (!first.running.node_ports.all().is_empty()).then_some(())
         })
         .await;
-        // Long enough for relaylet-0 to list its peers (it lists every second) and act on
-        // what it sees; well inside the duration relaylet-1 has from that listing to renew.
-        tokio::time::sleep(Duration::from_secs(4)).await;
         replicas[1].1.black_hole(false);
         spread_over(&store, &nodes, &ips).await;
         wait_for("each replica serves its Node again", || {
