@@ -57,6 +57,8 @@ struct Inner {
     server: watch::Sender<Option<Arc<Server>>>,
     /// Nodes whose missing port was reported: once each, not at every retry.
     reported: Mutex<HashSet<String>>,
+    /// Released ports whose listeners still linger: not tried by a claim until they stop.
+    lingering: Mutex<HashSet<u16>>,
 }
 
 /// One node's listener.
@@ -142,7 +144,11 @@ impl NodePorts {
         }
         // Ports this replica's listeners hold are not tried again: trying each from the bottom
         // of the window made a fleet's start a million failed binds.
-        let held: HashSet<u16> = ports.values().map(|b| b.addr.port()).collect();
+        let held: HashSet<u16> = ports
+            .values()
+            .map(|b| b.addr.port())
+            .chain(self.lingering().iter().copied())
+            .collect();
         let bound = bind_free(
             server.shared.ip(),
             server.shared.port(),
@@ -191,17 +197,28 @@ impl NodePorts {
             .remove(node);
         let Some(bound) = bound else { return };
         tracing::info!(%node, addr = %bound.addr, "node listener released");
+        let port = bound.addr.port();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
+                self.lingering().insert(port);
+                let ports = self.clone();
                 runtime.spawn(async move {
                     tokio::select! {
                         () = tokio::time::sleep(LINGER) => bound.stop.cancel(),
                         () = bound.stop.cancelled() => {}
                     }
+                    ports.lingering().remove(&port);
                 });
             }
             Err(_) => bound.stop.cancel(),
         }
+    }
+
+    fn lingering(&self) -> std::sync::MutexGuard<'_, HashSet<u16>> {
+        self.inner
+            .lingering
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn reported(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
