@@ -186,6 +186,14 @@ fn replicas_keep_every_node_served_through_pauses_crashes_and_replaced_secrets()
                 }
             }
             owners = spread_over_leaves(&w, LEAVES, &all);
+            // Over once every replica serves what its Nodes say (a restarted replica's Nodes
+            // name it before it serves them again).
+            support::eventually("every replica serves its Nodes", || {
+                (0..REPLICAS).all(|i| {
+                    let mine = owners.values().filter(|o| **o == i).count();
+                    replicas[i].metric("relaylet_leaves_served", &[]) == mine as f64
+                })
+            });
             faults.push((kind, started, Instant::now()));
         }
         stop.store(true, Ordering::SeqCst);
@@ -205,6 +213,8 @@ fn replicas_keep_every_node_served_through_pauses_crashes_and_replaced_secrets()
             // Node view: the longest a Node named no running replica, or not at its address.
             let mut by_nodes = Duration::ZERO;
             for node in owners.keys() {
+                // A replica back under its name looks serving here before it serves again (its
+                // fresh term's wait): the exec view below tells that part.
                 let mut since: Option<Instant> = None;
                 for (at, look, up) in &during {
                     let served = look.get(node).is_some_and(|(writer, address, ready)| {
