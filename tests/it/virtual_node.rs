@@ -2149,6 +2149,41 @@ async fn orphaned_nodes_are_collected_page_by_page() {
     .expect("test timed out");
 }
 
+/// Two leaves, each with a pod, for two replicas on their own IPs: what the fault tests below
+/// start from (their Secrets are created once the replicas run).
+struct TwoLeaves {
+    root: Cluster,
+    leaves: Vec<Cluster>,
+    names: [&'static str; 2],
+    nodes: Vec<String>,
+    ips: BTreeMap<&'static str, &'static str>,
+    /// The root apiserver's address, for a forwarder in front of it.
+    root_addr: std::net::SocketAddr,
+}
+
+async fn two_leaves() -> TwoLeaves {
+    let root = root_cluster(None).await;
+    let names = ["leaf-0", "leaf-1"];
+    let mut leaves = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        leaves.push(named_leaf_with_pod(&root, name, &format!("work-{i}")).await);
+    }
+    let root_addr = root
+        .api
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("root address");
+    TwoLeaves {
+        root,
+        leaves,
+        names,
+        nodes: names.iter().map(|n| format!("relaylet-{n}")).collect(),
+        ips: BTreeMap::from([("relaylet-0", "127.0.0.1"), ("relaylet-1", "127.0.0.2")]),
+        root_addr,
+    }
+}
+
 /// A replica whose root connection is black-holed (no answer, no error: a partition) stops
 /// serving its Nodes at its own deadline, its listeners and leaf watches too, before any peer
 /// may take them; the peer takes them once its presence expires, and no Node is ever served by
@@ -2156,23 +2191,16 @@ async fn orphaned_nodes_are_collected_page_by_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_from_the_root_lets_go_before_its_nodes_are_taken() {
     tokio::time::timeout(Duration::from_secs(240), async {
-        let root = root_cluster(None).await;
+        let TwoLeaves {
+            root,
+            leaves,
+            names,
+            nodes,
+            ips,
+            root_addr,
+        } = two_leaves().await;
         let store = root.api.store().clone();
-        let names = ["leaf-0", "leaf-1"];
-        let mut leaves = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            leaves.push(named_leaf_with_pod(&root, name, &format!("work-{i}")).await);
-        }
-        let nodes: Vec<String> = names.iter().map(|n| format!("relaylet-{n}")).collect();
-        let ips = BTreeMap::from([("relaylet-0", "127.0.0.1"), ("relaylet-1", "127.0.0.2")]);
-        let cut = Forwarder::start(
-            root.api
-                .url()
-                .trim_start_matches("https://")
-                .parse()
-                .expect("root address"),
-        )
-        .await;
+        let cut = Forwarder::start(root_addr).await;
         let port = free_port();
         let a = Replica::start_through(
             &root,
@@ -2259,21 +2287,15 @@ async fn a_replica_cut_from_the_root_lets_go_before_its_nodes_are_taken() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_outage_moves_no_node() {
     tokio::time::timeout(Duration::from_secs(240), async {
-        let root = root_cluster(None).await;
+        let TwoLeaves {
+            root,
+            leaves,
+            names,
+            nodes,
+            ips,
+            root_addr,
+        } = two_leaves().await;
         let store = root.api.store().clone();
-        let names = ["leaf-0", "leaf-1"];
-        let mut leaves = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            leaves.push(named_leaf_with_pod(&root, name, &format!("work-{i}")).await);
-        }
-        let nodes: Vec<String> = names.iter().map(|n| format!("relaylet-{n}")).collect();
-        let ips = BTreeMap::from([("relaylet-0", "127.0.0.1"), ("relaylet-1", "127.0.0.2")]);
-        let root_addr: std::net::SocketAddr = root
-            .api
-            .url()
-            .trim_start_matches("https://")
-            .parse()
-            .expect("root address");
         let port = free_port();
         let mut replicas = Vec::new();
         for name in ["relaylet-0", "relaylet-1"] {

@@ -295,22 +295,37 @@ fn ghosts_take_no_node_away(
     w.root.kubectl_ok(&delete);
 }
 
-#[test]
-fn three_replicas_serve_six_leaves_and_survive_a_kill_and_a_sigterm() {
+/// A world of `leaves` served by `replicas` relaylet processes (the shipped binary), every Node
+/// up and each leaf's demo pod synced.
+pub(super) fn world_of_processes(
+    leaves: &'static [&'static str],
+    replicas: usize,
+) -> (World, Vec<ReplicaProcess>) {
     let w = World::start(Setup {
         replicas: 0,
-        leaves: LEAVES,
+        leaves,
         wait_for_nodes: false,
         ..Setup::default()
     });
-    let binary = Path::new(env!("CARGO_BIN_EXE_relaylet"));
-    let mut replicas: BTreeMap<usize, ReplicaProcess> = (0..3)
-        .map(|i| (i, ReplicaProcess::start(&w, i, binary)))
+    let processes = (0..replicas)
+        .map(|i| ReplicaProcess::start(&w, i, &binary()))
         .collect();
-    w.wait_for_nodes(LEAVES);
-    for leaf in LEAVES {
+    w.wait_for_nodes(leaves);
+    for leaf in leaves {
         w.sync_pod(leaf, "default", &pod(leaf));
     }
+    (w, processes)
+}
+
+/// The relaylet binary the replica processes run.
+pub(super) fn binary() -> std::path::PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_relaylet")).to_path_buf()
+}
+
+#[test]
+fn three_replicas_serve_six_leaves_and_survive_a_kill_and_a_sigterm() {
+    let (w, processes) = world_of_processes(LEAVES, 3);
+    let mut replicas: BTreeMap<usize, ReplicaProcess> = processes.into_iter().enumerate().collect();
 
     // Every replica writes two Nodes, and each node's sessions reach its replica.
     let owners = spread_over(&w, &[0, 1, 2]);

@@ -14,17 +14,15 @@
 //! execs that failed.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use relaylet_dev::testkit as support;
-use relaylet_dev::testkit::realk8s::{replica_process::ReplicaProcess, world};
+use relaylet_dev::testkit::realk8s::replica_process::ReplicaProcess;
 use support::{Run, text};
-use world::{Setup, World};
 
-use super::k8s_replicas::{nodes, pod, spread_over_leaves};
+use super::k8s_replicas::{binary, nodes, pod, spread_over_leaves, world_of_processes};
 
 const LEAVES: &[&str] = &["leaf-1", "leaf-2", "leaf-3", "leaf-4"];
 const REPLICAS: usize = 3;
@@ -61,20 +59,8 @@ impl Exec {
 
 #[test]
 fn replicas_keep_every_node_served_through_pauses_crashes_and_replaced_secrets() {
-    let w = World::start(Setup {
-        replicas: 0,
-        leaves: LEAVES,
-        wait_for_nodes: false,
-        ..Setup::default()
-    });
-    let binary = Path::new(env!("CARGO_BIN_EXE_relaylet"));
-    let mut replicas: Vec<ReplicaProcess> = (0..REPLICAS)
-        .map(|i| ReplicaProcess::start(&w, i, binary))
-        .collect();
-    w.wait_for_nodes(LEAVES);
-    for leaf in LEAVES {
-        w.sync_pod(leaf, "default", &pod(leaf));
-    }
+    let (w, mut replicas) = world_of_processes(LEAVES, REPLICAS);
+    let binary = binary();
     let all: Vec<usize> = (0..REPLICAS).collect();
     let mut owners = spread_over_leaves(&w, LEAVES, &all);
     let ips: Vec<String> = (0..REPLICAS).map(|i| w.replica_ip(i).to_string()).collect();
@@ -173,7 +159,7 @@ fn replicas_keep_every_node_served_through_pauses_crashes_and_replaced_secrets()
                             all.iter().copied().filter(|i| *i != victim).collect();
                         spread_over_leaves(&w, LEAVES, &rest);
                     }
-                    replicas[victim] = ReplicaProcess::start(&w, victim, binary);
+                    replicas[victim] = ReplicaProcess::start(&w, victim, &binary);
                     running.set(victim, true);
                 }
                 _ => {
