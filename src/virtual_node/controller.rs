@@ -61,6 +61,8 @@ pub struct Controller {
     pub nodes: NodeWatch,
     /// The grid every leaf loop's rounds fall on, so a fleet's loops share wake-ups.
     pub grid: Grid,
+    /// Fired when this replica shuts down and hands its Nodes over (its presence released).
+    pub handing_over: tokio_util::sync::CancellationToken,
 }
 
 /// What the controller is started with.
@@ -96,6 +98,7 @@ pub fn start(parts: Parts, shutdown: &Shutdown) -> Arc<Controller> {
         owner: parts.owner,
         nodes: NodeWatch::default(),
         grid: Grid::starting_now(),
+        handing_over: shutdown.hand_over.clone(),
     });
     let stop = shutdown.begin.clone();
     let nodes = controller.nodes.clone().run(controller.root.clone());

@@ -234,7 +234,12 @@ impl Controller {
                 tick.now();
                 continue;
             };
-            let result = Box::pin(self.sync_leaf(leaf, &side.watch, cold, &mut state, now)).await;
+            let sync = Box::pin(self.sync_leaf(leaf, &side.watch, cold, &mut state, now));
+            let Some(result) = self.while_present(sync).await else {
+                // Its term ended under a write that hangs: the next round lets go at once.
+                tick.now();
+                continue;
+            };
             if self.after_sync(leaf, &mut state, result) {
                 tick.now();
             }
@@ -345,6 +350,10 @@ impl Controller {
             holder_gone: false,
         };
         match served_by::choose(facts) {
+            // Shutting down, its presence released: it keeps serving what it holds until a
+            // peer writes the Node (that event lets go), so sessions the root sends meanwhile
+            // still land; the hand-over waits for that.
+            served_by::Choice::LetGo if self.handing_over.is_cancelled() => {}
             served_by::Choice::LetGo => {
                 // Past its own deadline (its presence not renewed in time): it stops acting at
                 // once, its watches and its port too, and writes nothing (no write could be
@@ -353,14 +362,19 @@ impl Controller {
                 tracing::info!(node = %leaf.node_name, "presence not renewed in time: no longer serving the virtual node");
                 state.let_go(self, &leaf.node_name);
             }
-            served_by::Choice::HandBack => match Box::pin(self.hand_back(&leaf.node_name)).await {
-                Ok(true) => {
+            served_by::Choice::HandBack => match self
+                .while_present(Box::pin(self.hand_back(&leaf.node_name)))
+                .await
+            {
+                // Its term ended meanwhile: nothing more it may write.
+                None => {}
+                Some(Ok(true)) => {
                     state.seen.names_me = false;
                     state.let_go(self, &leaf.node_name);
                 }
                 // Changed meanwhile: tried again next round.
-                Ok(false) => {}
-                Err(err) => {
+                Some(Ok(false)) => {}
+                Some(Err(err)) => {
                     tracing::warn!(node = %leaf.node_name, %err, "handing the virtual node back")
                 }
             },
@@ -687,6 +701,20 @@ impl Controller {
             self.set_served(node.metadata.name.as_deref().unwrap_or(""), true);
         }
         Ok(Some(held))
+    }
+
+    /// Runs `work` (root calls) while this replica is present, and only then: a call that
+    /// hangs past its term's end (a black-holed root connection answers nothing) is dropped
+    /// at that end, so the loop can let go at once. `None`: not present, or no longer.
+    async fn while_present<T>(&self, work: impl std::future::Future<Output = T>) -> Option<T> {
+        let mut present = self.replicas.present.clone();
+        if !present.is_leader() {
+            return None;
+        }
+        tokio::select! {
+            out = work => Some(out),
+            () = async { while present.changed().await {} } => None,
+        }
     }
 
     /// Writes `node`'s writer empty if it still names this replica; whether the Node no longer
