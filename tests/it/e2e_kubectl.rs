@@ -5,8 +5,9 @@
 //! WebSockets turned off.
 
 use relaylet_dev::testkit as support;
+use support::port_forward::PortForward;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -232,33 +233,14 @@ fn port_forward_carries_http_to_the_pod() {
                 r.env
                     .push(("KUBECTL_PORT_FORWARD_WEBSOCKETS".into(), "false".into()));
             }
-            let mut cmd = r.command();
-            cmd.stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .stdin(Stdio::null());
-            let mut child = cmd.spawn().expect("kubectl port-forward runs");
-            let mut stdout = BufReader::new(child.stdout.take().unwrap());
-            let mut line = String::new();
-            stdout.read_line(&mut line).unwrap();
-            // "Forwarding from 127.0.0.1:41234 -> 8080"
-            let port: u16 = line
-                .split_whitespace()
-                .nth(2)
-                .and_then(|a| a.rsplit(':').next())
-                .and_then(|p| p.parse().ok())
-                .unwrap_or_else(|| {
-                    panic!(
-                        "kubectl {}: unexpected port-forward output {line:?}",
-                        k.version
-                    )
-                });
+            let forward = PortForward::start(r);
             // kubectl prints "Forwarding from" as soon as it listens; the first exchange waits
             // until relaylet has the session open.
             wait_until("the port-forward session is open", HANG, || {
                 sessions_active(e, "portForward", "leaf-2") >= 1
             });
             for attempt in 0..3 {
-                let body = http_get_once(port);
+                let body = forward.body();
                 assert_eq!(
                     body.as_deref(),
                     Some("hello from demo-2\n"),
@@ -266,22 +248,8 @@ fn port_forward_carries_http_to_the_pod() {
                     k.version
                 );
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
     }
-}
-
-/// One HTTP GET through the forwarded port; the body.
-fn http_get_once(port: u16) -> Option<String> {
-    use std::io::Write;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(HANG)).ok()?;
-    write!(s, "GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).ok()?;
-    resp.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
 }
 
 #[test]

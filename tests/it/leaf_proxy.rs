@@ -8,9 +8,10 @@
 //! behind a CONNECT proxy that the refusal test turns off and on.
 
 use relaylet_dev::testkit as support;
+use support::port_forward::PortForward;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -122,46 +123,19 @@ fn logs_follow_streams_through_a_proxy() {
     );
 }
 
-/// Runs `kubectl port-forward` to `pod`'s port 8080 and GETs through it once.
+/// Runs `kubectl port-forward` to `pod`'s port 8080 and GETs through it once: the body.
 fn port_forward_get(k: &relaylet_sim::tools::Kubectl, e: &Env, pod: &str) -> String {
-    let mut cmd = Run::new(
+    let forward = PortForward::start(Run::new(
         k,
         &e.kubeconfig,
         &["port-forward", &format!("pod/{pod}"), ":8080"],
-    )
-    .command();
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(Stdio::null());
-    let mut child = cmd.spawn().expect("kubectl port-forward runs");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let port: u16 = line
-        .split_whitespace()
-        .nth(2)
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected port-forward output {line:?}"));
+    ));
     let mut body = None;
     wait_until("the port-forward answers", HANG, || {
-        body = http_get_once(port);
+        body = forward.body().filter(|b| !b.is_empty());
         body.is_some()
     });
-    let _ = child.kill();
-    let _ = child.wait();
     body.unwrap_or_default()
-}
-
-fn http_get_once(port: u16) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(HANG)).ok()?;
-    write!(s, "GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).ok()?;
-    resp.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .filter(|b| !b.is_empty())
 }
 
 /// The leaf's TLS runs end to end through the tunnel: every tunnel starts with a TLS handshake

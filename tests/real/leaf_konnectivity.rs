@@ -12,6 +12,7 @@
 //! connection goes through the proxy is shown by the sessions failing while the agent is gone.
 
 use relaylet_dev::testkit as support;
+use support::port_forward::PortForward;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -165,35 +166,15 @@ fn sessions_through_konnectivity_and_an_honest_cut_when_its_agent_dies() {
 }
 
 fn port_forward_get(k: &relaylet_sim::tools::Kubectl, e: &Env) -> String {
-    let mut cmd = Run::new(k, &e.kubeconfig, &["port-forward", "pod/demo-1", ":8080"]).command();
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null());
-    let mut child = cmd.spawn().expect("kubectl port-forward runs");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let port: u16 = line
-        .split_whitespace()
-        .nth(2)
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected port-forward output {line:?}"));
+    let forward = PortForward::start(Run::new(
+        k,
+        &e.kubeconfig,
+        &["port-forward", "pod/demo-1", ":8080"],
+    ));
     let mut body = None;
     wait_until("the port-forward answers", HANG, || {
-        body = (|| {
-            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-            s.set_read_timeout(Some(HANG)).ok()?;
-            write!(s, "GET / HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-            let mut resp = String::new();
-            s.read_to_string(&mut resp).ok()?;
-            resp.split_once("\r\n\r\n")
-                .map(|(_, b)| b.to_string())
-                .filter(|b| !b.is_empty())
-        })();
+        body = forward.body().filter(|b| !b.is_empty());
         body.is_some()
     });
-    let _ = child.kill();
-    let _ = child.wait();
     body.unwrap_or_default()
 }

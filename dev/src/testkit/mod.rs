@@ -6,6 +6,7 @@
 pub mod forwarder;
 pub mod image;
 pub mod metrics;
+pub mod port_forward;
 pub mod process;
 pub mod raw_http;
 pub mod realk8s;

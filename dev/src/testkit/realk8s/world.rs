@@ -982,7 +982,7 @@ pub async fn kubelet_client(
     kube::Client::try_from(config).expect("client")
 }
 
-/// Runs `kubectl port-forward pod/<pod> <local>:8080` and makes `connections` HTTP requests
+/// Runs `kubectl port-forward pod/<pod> :8080` and makes `connections` HTTP requests
 /// through it, one connection each; the answers (head and body) in order, empty for a
 /// connection that never answered.
 pub fn port_forward_answers(
@@ -991,63 +991,14 @@ pub fn port_forward_answers(
     pod: &str,
     connections: usize,
 ) -> Vec<String> {
-    let local = harness::free_port();
-    let mut child = crate::testkit::Run::new(
+    let forward = crate::testkit::port_forward::PortForward::start(crate::testkit::Run::new(
         k,
         kubeconfig,
-        &[
-            "port-forward",
-            &format!("pod/{pod}"),
-            &format!("{local}:8080"),
-        ],
-    )
-    .command()
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .expect("kubectl port-forward");
+        &["port-forward", &format!("pod/{pod}"), ":8080"],
+    ));
     let mut answers = Vec::new();
     for _ in 0..connections {
-        let mut answer = None;
-        for _ in 0..200 {
-            if let Ok(body) = http_get(local) {
-                answer = Some(body);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        answers.push(answer.unwrap_or_default());
+        answers.push(forward.first_answer(200).unwrap_or_default());
     }
-    let _ = child.kill();
-    let _ = child.wait();
     answers
-}
-
-fn http_get(port: u16) -> std::io::Result<String> {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    // HTTP/1.1 and Content-Length, as curl reads it: the answer's end is in the bytes, not in
-    // the remote's close (kubectl closes a forwarded connection only once the kubelet ends the
-    // stream pair).
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut reader = BufReader::new(s);
-    let mut head = String::new();
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(std::io::Error::other("answer ended in its headers"));
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().map_err(std::io::Error::other)?;
-        }
-        head.push_str(&line);
-        if line == "\r\n" {
-            break;
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body)?;
-    Ok(head + &String::from_utf8_lossy(&body))
 }
