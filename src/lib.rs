@@ -98,6 +98,7 @@ pub async fn start(config: Config, root: Client, shutdown: Shutdown) -> anyhow::
             pods: pods.clone(),
             leadership: joined.leadership.clone(),
             replicas: joined.replicas,
+            publication: joined.publication,
             node_ports: node_ports.clone(),
             metrics: metrics.clone(),
             health: health.clone(),

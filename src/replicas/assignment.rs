@@ -56,6 +56,21 @@ impl Assignment {
         self.0.get(node).map(|r| &**r)
     }
 
+    /// Every (node, replica), by node name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(n, r)| (&**n, &**r))
+    }
+
+    /// How many nodes the assignment names.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it names no node.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// How many nodes each replica serves.
     pub fn loads(&self) -> BTreeMap<&str, usize> {
         let mut out = BTreeMap::new();
@@ -63,6 +78,13 @@ impl Assignment {
             *out.entry(&**replica).or_default() += 1;
         }
         out
+    }
+}
+
+impl FromIterator<(Arc<str>, Arc<str>)> for Assignment {
+    /// An assignment as given (read back from where the leader published it).
+    fn from_iter<I: IntoIterator<Item = (Arc<str>, Arc<str>)>>(pairs: I) -> Assignment {
+        Assignment(pairs.into_iter().collect())
     }
 }
 

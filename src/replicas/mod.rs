@@ -3,8 +3,8 @@
 //!
 //! It offers the virtual node controller [`start`] (joining: [`Joined`]), [`Replicas`] (this
 //! replica and the others it sees, `presence`), [`Leadership`] (the elected leader, `leader`; a term with a deadline, `leadership`),
-//! [`Assignment`] (`assignment`: which live replica serves which Node, the same answer on every
-//! replica) and
+//! [`Assignment`] (`assignment`: which live replica serves which Node, from one replica's view),
+//! [`Publication`] (`published`: the leader's assignment, which every replica follows) and
 //! `served_by` (the one-writer rule on a Node). Inside, `live_pods` (this install's Running
 //! relaylet pods), `identity` (which replica Leases count) and `ignored` (reporting those that
 //! do not) keep being a replica something only relaylet can claim. `protocol_sim` (tests only)
@@ -19,6 +19,7 @@ mod live_pods;
 mod presence;
 #[cfg(test)]
 mod protocol_sim;
+mod published;
 pub mod served_by;
 mod start;
 
@@ -26,4 +27,5 @@ pub use assignment::Assignment;
 pub use leadership::Leadership;
 pub use live_pods::LivePods;
 pub use presence::{Judges, PRESENCE_PREFIX, Peers, Replicas};
+pub use published::{ASSIGNMENT_CONFIGMAP, Publication, Published, effective};
 pub use start::{Joined, LEADER_LEASE, start};

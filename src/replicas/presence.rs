@@ -110,6 +110,11 @@ impl Peers {
             .chain(self.renewing.iter().map(|r| &**r).filter(move |r| *r != me))
     }
 
+    /// Whether `replica` (another one) was seen renewing its presence.
+    pub fn is_renewing(&self, replica: &str) -> bool {
+        self.renewing.contains(replica)
+    }
+
     /// Whether `replica` (another one) might still be writing the nodes it holds.
     pub fn may_be_alive(&self, replica: &str) -> bool {
         self.elected && self.maybe_alive.contains(replica)

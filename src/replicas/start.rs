@@ -11,6 +11,7 @@ use super::ignored::IgnoredLeases;
 use super::leader::{self, Holders};
 use super::leadership::Leadership;
 use super::live_pods::LivePods;
+use super::published::Publication;
 use super::{Judges, Replicas};
 use crate::certs::CsrCert;
 use crate::config::{Config, ServingCert};
@@ -23,8 +24,11 @@ pub const LEADER_LEASE: &str = "relaylet-leader";
 pub struct Joined {
     /// This replica and the others it sees.
     pub replicas: Replicas,
-    /// Whether this replica leads (the leader deletes the Nodes of removed leaves).
+    /// Whether this replica leads (the leader deletes the Nodes of removed leaves and
+    /// publishes the assignment).
     pub leadership: Leadership,
+    /// The assignment the leader publishes.
+    pub publication: Publication,
 }
 
 /// Joins the replicas of `namespace` (relaylet's own) on the root cluster, once `csr`'s
@@ -59,6 +63,13 @@ pub fn start(
             eligible_replica(csr.clone(), judges.live.clone(), me.clone()),
             shutdown.hand_over.clone(),
         );
+        let publication = Publication::start(
+            root.clone(),
+            namespace,
+            me.as_str().into(),
+            leadership.clone(),
+            shutdown.begin.clone(),
+        );
         let replicas = Replicas::join(
             root.clone(),
             namespace,
@@ -71,6 +82,7 @@ pub fn start(
         Joined {
             replicas,
             leadership,
+            publication,
         }
     } else {
         let leadership = match config.serving_cert {
@@ -80,6 +92,7 @@ pub fn start(
         Joined {
             replicas: Replicas::alone(me, eligible(csr)),
             leadership,
+            publication: Publication::none(),
         }
     };
     keep_leader_gauge(&joined.leadership, metrics, shutdown);

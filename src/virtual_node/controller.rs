@@ -22,10 +22,8 @@ use crate::kube_client::{continued, page_of, paged};
 use crate::leaf::{Leaf, Registry};
 use crate::node_server::NodePorts;
 use crate::ops::{HANDOVER_LIMIT, HANDOVER_SETTLE, Health, Metrics, Shutdown};
-use crate::replicas::Assignment;
-use crate::replicas::Leadership;
-use crate::replicas::Replicas;
 use crate::replicas::served_by;
+use crate::replicas::{Assignment, Leadership, Publication, Replicas};
 use crate::routing::PodIndex;
 
 // Whose a Node is: one rule, shared with the leaf Secret checks.
@@ -46,7 +44,10 @@ pub struct Controller {
     pub leadership: Leadership,
     /// This replica and the others: whom virtual nodes are spread over.
     pub replicas: Replicas,
-    /// Each virtual node's replica, recomputed when the leaves or the replicas change.
+    /// The assignment the leader publishes (this replica offers its own, for when it leads).
+    pub publication: Publication,
+    /// Each virtual node's replica, recomputed when the leaves, the replicas or the published
+    /// assignment change.
     pub assignment: watch::Sender<Arc<Assignment>>,
     /// The virtual nodes this replica writes now (their Node names it in `served-by`).
     pub served: watch::Sender<BTreeSet<String>>,
@@ -73,6 +74,7 @@ pub struct Parts {
     pub pods: PodIndex,
     pub leadership: Leadership,
     pub replicas: Replicas,
+    pub publication: Publication,
     pub node_ports: NodePorts,
     pub metrics: Metrics,
     pub health: Arc<Health>,
@@ -90,6 +92,7 @@ pub fn start(parts: Parts, shutdown: &Shutdown) -> Arc<Controller> {
         pods: parts.pods,
         leadership: parts.leadership,
         replicas: parts.replicas,
+        publication: parts.publication,
         assignment: watch::Sender::new(Default::default()),
         served: watch::Sender::new(Default::default()),
         node_ports: parts.node_ports,
@@ -188,6 +191,8 @@ impl Controller {
         let mut leaves = self.registry.subscribe();
         let mut replicas = self.replicas.clone();
         let mut present = self.replicas.present.clone();
+        let mut leadership = self.leadership.clone();
+        let mut publication = self.publication.clone();
         let mut loops = Loops::default();
         loop {
             let current = leaves.borrow_and_update().clone();
@@ -225,6 +230,8 @@ impl Controller {
                 changed = leaves.changed() => if changed.is_err() { break },
                 _ = replicas.changed() => {}
                 _ = present.changed() => {}
+                _ = leadership.changed() => {}
+                _ = publication.changed() => {}
             }
         }
     }
@@ -250,14 +257,21 @@ impl Controller {
         }
     }
 
-    /// Recomputes which replica serves each of `nodes` from the replicas seen now.
+    /// Recomputes which replica serves each of `nodes`: the published assignment where it is
+    /// followed, this replica's own answer from the replicas seen now elsewhere. The leader
+    /// offers its own answer for publishing once every leaf Secret was read (before, it would
+    /// publish a part of the Nodes, spread as if there were no others).
     fn reassign<'a>(&self, nodes: impl IntoIterator<Item = &'a str>) {
         let peers = self.replicas.peers();
         let me = &*self.replicas.me;
-        let assignment = Assignment::compute(
-            nodes,
-            peers.candidates(me, self.replicas.present.is_leader()),
-        );
+        let present = self.replicas.present.is_leader();
+        let leading = self.leadership.is_leader();
+        let local = Assignment::compute(nodes, peers.candidates(me, present));
+        if leading && self.registry.synced() {
+            self.publication.offer(&local);
+        }
+        let published = self.publication.current();
+        let assignment = crate::replicas::effective(published.as_deref(), &local, me, &peers);
         self.assignment.send_if_modified(|old| {
             let changed = **old != assignment;
             if changed {

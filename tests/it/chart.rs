@@ -601,6 +601,15 @@ fn expected_permissions(
             &["create", "get", "list", "update", "delete"],
         ));
         g.extend(grant(NAMESPACE, "events.k8s.io", "events", "", &["create"]));
+        // The published assignment (src/replicas/published.rs), read and written by name.
+        g.extend(grant(
+            NAMESPACE,
+            "",
+            "configmaps",
+            "relaylet-assignment",
+            &["get", "list", "watch", "update"],
+        ));
+        g.extend(grant(NAMESPACE, "", "configmaps", "", &["create"]));
     }
     g.extend(grant(leaf_ns, "", "secrets", "", &["list", "watch"]));
     g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["create"]));

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -2016,6 +2016,79 @@ async fn hijacked_leader_and_presence_leases_are_taken_back() {
                 >= 1.0,
             "the ghost leader is counted"
         );
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// Each Node's replica as the published assignment (`relaylet-assignment`) gives it, and the
+/// replica that wrote it.
+fn published(store: &Store) -> Option<(BTreeMap<String, String>, String)> {
+    let cm: ConfigMap = store
+        .get_typed(NAMESPACE, relaylet::replicas::ASSIGNMENT_CONFIGMAP)
+        .ok()?;
+    let leader = cm.metadata.annotations?.get("relaylet.io/leader")?.clone();
+    let mut nodes = BTreeMap::new();
+    for (replica, names) in cm.data.unwrap_or_default() {
+        for node in names.lines() {
+            nodes.insert(node.to_string(), replica.clone());
+        }
+    }
+    Some((nodes, leader))
+}
+
+/// Issue 57: the leader publishes the assignment every replica follows (one view), and a
+/// write of it by someone else is written back by the leader at once, moving no Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_publishes_the_assignment_and_a_forged_one_is_written_back() {
+    tokio::time::timeout(Duration::from_secs(240), async {
+        let (root, _leaves, replicas, ips, owners) =
+            two_replicas_two_nodes(["127.0.0.24", "127.0.0.25"]).await;
+        let store = root.api.store().clone();
+        let leader = wait_for("the Nodes served as published", || {
+            let (nodes, leader) = published(&store)?;
+            (nodes == owners).then_some(leader)
+        })
+        .await;
+        assert!(
+            replicas
+                .get(leader.as_str())
+                .is_some_and(Replica::is_leader),
+            "published by {leader}, the leader"
+        );
+
+        // Every Node to the leader, in its name: the other replica would hand its Node back.
+        let other = ips.keys().find(|r| **r != leader).expect("another replica");
+        let every_node: String = owners.keys().map(|n| format!("{n}\n")).collect();
+        let since = store.revision();
+        let client = kube_client(&root.admin_kubeconfig().expect("kubeconfig"))
+            .await
+            .expect("admin client");
+        let configmaps: Api<ConfigMap> = Api::namespaced(client, NAMESPACE);
+        configmaps
+            .patch(
+                relaylet::replicas::ASSIGNMENT_CONFIGMAP,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    json!({ "data": { leader.as_str(): every_node, *other: null } }),
+                ),
+            )
+            .await
+            .expect("assignment written over");
+        wait_for("the assignment written back", || {
+            let (nodes, by) = published(&store)?;
+            let writes = write_revisions(
+                &store,
+                since,
+                "configmaps",
+                relaylet::replicas::ASSIGNMENT_CONFIGMAP,
+            );
+            (nodes == owners && by == leader && writes.len() >= 2).then_some(())
+        })
+        .await;
+        let nodes: Vec<&String> = owners.keys().collect();
+        node_leases_renewed(&store, since, &nodes, 2).await;
+        nodes_kept_by_their_replicas(&store, since, &owners, &ips);
     })
     .await
     .expect("test timed out");
