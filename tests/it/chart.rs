@@ -105,6 +105,10 @@ fn value_sets() -> Vec<ValueSet> {
         ValueSet::ci("existing-secret"),
         ValueSet::ci("network-policy"),
         ValueSet::ci("single-replica"),
+        ValueSet::ci("openshift"),
+        ValueSet::ci("sidecar"),
+        ValueSet::ci("external-identity"),
+        ValueSet::ci("host-network"),
     ];
     let on_disk: BTreeSet<PathBuf> = std::fs::read_dir(chart().join("ci"))
         .unwrap()
@@ -395,9 +399,20 @@ impl Rendered {
             .unwrap()
     }
 
+    /// relaylet's own container (the first; extraContainers come after it).
     fn container(&self) -> &Container {
-        assert_eq!(self.pod().containers.len(), 1, "one container");
-        &self.pod().containers[0]
+        let c = &self.pod().containers[0];
+        assert_eq!(c.name, "relaylet", "relaylet's container comes first");
+        c
+    }
+
+    /// Every container of the pod, init containers included.
+    fn all_containers(&self) -> impl Iterator<Item = &Container> {
+        let pod = self.pod();
+        pod.init_containers
+            .iter()
+            .flatten()
+            .chain(pod.containers.iter())
     }
 
     fn pod_labels(&self) -> BTreeMap<String, String> {
@@ -477,9 +492,20 @@ impl Rendered {
         grants
     }
 
+    /// The ServiceAccount the pods run as (rendered by the chart or not).
     fn service_account_name(&self) -> String {
-        assert_eq!(self.service_accounts.len(), 1, "one ServiceAccount");
-        self.service_accounts[0].metadata.name.clone().unwrap()
+        self.pod()
+            .service_account_name
+            .clone()
+            .expect("the pod names its ServiceAccount")
+    }
+
+    /// Whether any RBAC object is rendered.
+    fn has_rbac(&self) -> bool {
+        !(self.cluster_roles.is_empty()
+            && self.cluster_role_bindings.is_empty()
+            && self.roles.is_empty()
+            && self.role_bindings.is_empty())
     }
 }
 
@@ -671,13 +697,24 @@ fn check_invariants(r: &Rendered, set: &str) {
     let pod = r.pod();
     let psc = pod.security_context.as_ref().unwrap();
     assert_eq!(psc.run_as_non_root, Some(true), "{set}");
-    assert!(psc.run_as_user.is_some_and(|u| u != 0), "{set}");
+    // Given, never root; or left to the platform (OpenShift assigns one from a range).
+    assert_ne!(psc.run_as_user, Some(0), "{set}");
+    assert_ne!(psc.run_as_group, Some(0), "{set}");
     assert_eq!(
         psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
         Some("RuntimeDefault"),
         "{set}"
     );
-    assert_eq!(pod.service_account_name, Some(r.service_account_name()));
+    // The ServiceAccount the pods run as is the one rendered, if the chart makes one.
+    match r.service_accounts.as_slice() {
+        [] => {}
+        [sa] => assert_eq!(
+            sa.metadata.name,
+            Some(r.service_account_name()),
+            "{set}: the pods run as the ServiceAccount rendered"
+        ),
+        more => panic!("{set}: {} ServiceAccounts", more.len()),
+    }
     assert_eq!(
         pod.automount_service_account_token,
         Some(true),
@@ -775,6 +812,48 @@ fn check_invariants(r: &Rendered, set: &str) {
         "{set}"
     );
     assert_eq!(get.scheme.as_deref(), Some("HTTP"), "{set}");
+    // A startup probe, when on, waits for /livez, never for readiness (a replica awaiting its
+    // CSR's approval must not be restarted).
+    if let Some(startup) = &c.startup_probe {
+        let get = startup.http_get.as_ref().unwrap();
+        assert_eq!(get.path.as_deref(), Some("/livez"), "{set}");
+        assert_eq!(
+            get.port,
+            IntOrString::String("metrics".to_string()),
+            "{set}"
+        );
+    }
+    // In the node's network, the ports are the node's: declared (so two replicas never share a
+    // node), clear of the node's kubelet and daemons (10248-10259), and cluster DNS still works.
+    if pod.host_network == Some(true) {
+        assert_eq!(
+            pod.dns_policy.as_deref(),
+            Some("ClusterFirstWithHostNet"),
+            "{set}"
+        );
+        for port in c.ports.iter().flatten() {
+            assert_eq!(port.host_port, Some(port.container_port), "{set}");
+        }
+        let first = r.container_port("kubelet");
+        let last = first
+            + r.env_value("NODE_PORTS")
+                .and_then(|n| n.parse::<i32>().ok())
+                .unwrap();
+        assert!(
+            last < 10248 || first > 10259,
+            "{set}: kubelet ports {first}-{last} clear of the node's own"
+        );
+        let metrics = r.container_port("metrics");
+        assert!(
+            !(10248..=10259).contains(&metrics) && !(first..=last).contains(&metrics),
+            "{set}: metrics port {metrics}"
+        );
+    } else {
+        assert!(pod.dns_policy.is_none(), "{set}");
+        for port in c.ports.iter().flatten() {
+            assert!(port.host_port.is_none(), "{set}");
+        }
+    }
     // relaylet drains sessions before the kubelet kills the pod.
     let grace: u64 = r
         .env_value("SHUTDOWN_GRACE_PERIOD")
@@ -796,13 +875,21 @@ fn check_invariants(r: &Rendered, set: &str) {
         .map(|v| (v.name.clone(), v))
         .collect();
     let mounts = c.volume_mounts.clone().unwrap_or_default();
+    let mounted: BTreeSet<String> = r
+        .all_containers()
+        .flat_map(|c| c.volume_mounts.iter().flatten())
+        .map(|m| m.name.clone())
+        .collect();
     assert_eq!(
-        mounts
-            .iter()
-            .map(|m| m.name.clone())
-            .collect::<BTreeSet<_>>(),
+        mounted,
         volumes.keys().cloned().collect::<BTreeSet<_>>(),
-        "{set}: every volume mounted, every mount backed"
+        "{set}: every volume mounted by some container, every mount backed"
+    );
+    let names: Vec<&str> = r.all_containers().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names.iter().collect::<BTreeSet<_>>().len(),
+        names.len(),
+        "{set}: container names are unique: {names:?}"
     );
     for var in [
         "APISERVER_CERT_LOCATION",
@@ -938,8 +1025,32 @@ fn check_invariants(r: &Rendered, set: &str) {
             }
         }
     }
-    let perms = r.permissions();
-    assert!(!perms.is_empty());
+    // RBAC (unless rbac.create=false) is bound to the ServiceAccount the pods run as, and to
+    // nothing else.
+    if r.has_rbac() {
+        let sa = r.service_account_name();
+        for subject in r
+            .cluster_role_bindings
+            .iter()
+            .flat_map(|b| b.subjects.iter().flatten())
+            .chain(
+                r.role_bindings
+                    .iter()
+                    .flat_map(|b| b.subjects.iter().flatten()),
+            )
+        {
+            assert_eq!(
+                (
+                    subject.kind.as_str(),
+                    subject.name.as_str(),
+                    subject.namespace.as_deref()
+                ),
+                ("ServiceAccount", sa.as_str(), Some(NAMESPACE)),
+                "{set}"
+            );
+        }
+        assert!(!r.permissions().is_empty(), "{set}");
+    }
     // With leader election, relaylet finds its peers by the Deployment's own selector (a
     // replica Lease counts only for a Running pod it selects), which selects its pods; a
     // single replica is told none (relaylet refuses one it cannot use).
@@ -1045,6 +1156,48 @@ fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     assert_eq!(
         r.permissions(),
         expected_permissions(true, true, true, true, false, NAMESPACE)
+    );
+
+    // The escape hatches add nothing by default; the pod is what it always was, plus the
+    // priority class of a cluster-critical add-on.
+    let pod = r.pod();
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-cluster-critical")
+    );
+    assert_eq!(pod.containers.len(), 1);
+    assert!(pod.init_containers.is_none() && pod.topology_spread_constraints.is_none());
+    assert!(pod.host_network.is_none() && pod.dns_policy.is_none());
+    assert_eq!(r.service_accounts.len(), 1);
+    assert_eq!(r.service_account_name(), RELEASE);
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!(
+        (psc.run_as_user, psc.run_as_group, psc.fs_group),
+        (Some(65532), Some(65532), None)
+    );
+    let c = r.container();
+    assert!(c.env_from.is_none() && c.startup_probe.is_none());
+    let csc = c.security_context.as_ref().unwrap();
+    assert_eq!(csc.run_as_non_root, Some(true));
+    assert!(csc.run_as_user.is_none());
+    let readiness = c.readiness_probe.as_ref().unwrap();
+    assert_eq!(
+        (
+            readiness.period_seconds,
+            readiness.timeout_seconds,
+            readiness.failure_threshold
+        ),
+        (Some(10), Some(3), Some(3))
+    );
+    let liveness = c.liveness_probe.as_ref().unwrap();
+    assert_eq!(
+        (
+            liveness.initial_delay_seconds,
+            liveness.period_seconds,
+            liveness.timeout_seconds,
+            liveness.failure_threshold
+        ),
+        (Some(10), Some(20), Some(5), Some(6))
     );
 }
 
@@ -1372,9 +1525,376 @@ fn a_single_replica_has_no_election_and_no_disruption_budget() {
     );
 }
 
+/// OpenShift's restricted-v2 SCC assigns the UID, GID and fsGroup: the value set removes the
+/// chart's, and everything else the SCC asks for stays.
+#[test]
+fn the_openshift_set_leaves_the_user_to_the_platform_and_keeps_the_rest() {
+    let set = ValueSet::ci("openshift");
+    let yaml = template(&set).unwrap();
+    for field in ["runAsUser", "runAsGroup", "fsGroup"] {
+        assert!(!yaml.contains(field), "{field} rendered:\n{yaml}");
+    }
+    let r = Rendered::parse(&yaml);
+    let psc = r.pod().security_context.as_ref().unwrap();
+    assert_eq!(
+        (psc.run_as_user, psc.run_as_group, psc.fs_group),
+        (None, None, None)
+    );
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    let csc = r.container().security_context.as_ref().unwrap();
+    assert_eq!(csc.run_as_non_root, Some(true));
+    assert!(csc.run_as_user.is_none() && csc.run_as_group.is_none());
+    assert_eq!(csc.read_only_root_filesystem, Some(true));
+    assert_eq!(csc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        csc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_string()])
+    );
+}
+
+/// The sidecar set: a konnectivity server beside relaylet with its Secret mounted, an init
+/// container, extra env and envFrom, a volume both containers mount, tuned probes and a startup
+/// probe, spread constraints, and `global` from a parent chart.
+#[test]
+fn extra_containers_volumes_env_probes_and_spread_render_as_given() {
+    let set = ValueSet::ci("sidecar");
+    let values = set.file_values();
+    let r = Rendered::render(&set);
+    let pod = r.pod();
+    // The extra containers come after relaylet's, exactly as given, with their mounts.
+    assert_eq!(pod.containers.len(), 2);
+    let sidecar = serde_json::to_value(&pod.containers[1]).unwrap();
+    assert_eq!(sidecar, values["extraContainers"][0]);
+    let sidecar_mounts: Vec<&str> = pod.containers[1]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.name.as_str())
+        .collect();
+    assert_eq!(sidecar_mounts, ["konnectivity-certs", "konnectivity-run"]);
+    let init = serde_json::to_value(pod.init_containers.as_ref().unwrap()).unwrap();
+    assert_eq!(init, values["initContainers"]);
+    // The extra volumes after the chart's (none here), as given.
+    let volumes = serde_json::to_value(pod.volumes.as_ref().unwrap()).unwrap();
+    assert_eq!(volumes, values["extraVolumes"]);
+    // relaylet's own mount of one of them, and its read-only root stays.
+    let c = r.container();
+    let mounts = serde_json::to_value(c.volume_mounts.as_ref().unwrap()).unwrap();
+    assert_eq!(mounts, values["extraVolumeMounts"]);
+    assert_eq!(
+        c.security_context
+            .as_ref()
+            .unwrap()
+            .read_only_root_filesystem,
+        Some(true)
+    );
+    // extraEnv after the chart's env, envFrom as given.
+    let env = c.env.as_ref().unwrap();
+    let extra = values["extraEnv"].as_array().unwrap();
+    let tail = serde_json::to_value(&env[env.len() - extra.len()..]).unwrap();
+    assert_eq!(tail, values["extraEnv"]);
+    assert_eq!(
+        r.env_value("LEAF_SECRET_LABEL"),
+        Some("example.com/relaylet-leaf")
+    );
+    assert_eq!(
+        serde_json::to_value(c.env_from.as_ref().unwrap()).unwrap(),
+        values["extraEnvFrom"]
+    );
+    // Probe timing from the values; what they ask stays the chart's (check_invariants).
+    let timing = |probe: &k8s_openapi::api::core::v1::Probe| {
+        let mut v = serde_json::to_value(probe).unwrap();
+        v.as_object_mut().unwrap().remove("httpGet");
+        v
+    };
+    assert_eq!(
+        timing(c.readiness_probe.as_ref().unwrap()),
+        values["readinessProbe"]
+    );
+    assert_eq!(
+        timing(c.liveness_probe.as_ref().unwrap()),
+        values["livenessProbe"]
+    );
+    let mut startup = values["startupProbe"].clone();
+    startup.as_object_mut().unwrap().remove("enabled");
+    // timeoutSeconds comes from the chart's default.
+    startup["timeoutSeconds"] = 3.into();
+    assert_eq!(timing(c.startup_probe.as_ref().unwrap()), startup);
+    // A spread constraint without a selector selects the chart's pods; one with a selector
+    // keeps it.
+    let spread = pod.topology_spread_constraints.as_ref().unwrap();
+    assert_eq!(spread.len(), 2);
+    assert_eq!(spread[0].topology_key, "topology.kubernetes.io/zone");
+    assert!(selector_matches(
+        spread[0].label_selector.as_ref().unwrap(),
+        &r.pod_labels()
+    ));
+    assert_eq!(
+        spread[0].label_selector.as_ref().unwrap().match_labels,
+        r.deployment().spec.as_ref().unwrap().selector.match_labels
+    );
+    assert_eq!(
+        serde_json::to_value(&spread[1]).unwrap(),
+        values["topologySpreadConstraints"][1]
+    );
+    // The workload identity annotation on the ServiceAccount.
+    assert_eq!(
+        r.service_accounts[0]
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("iam.gke.io/gcp-service-account"))
+            .map(String::as_str),
+        values["serviceAccount"]["annotations"]["iam.gke.io/gcp-service-account"].as_str()
+    );
+}
+
+/// extraEnv cannot override what the chart sets from its (schema-checked) values: AUTH_MODE
+/// through extraEnv would otherwise turn authentication off, which the chart never allows.
+#[test]
+fn extra_env_may_not_replace_the_charts_own() {
+    for name in ["AUTH_MODE", "LEAF_NODE_IP", "NODE_SERVER_PORT", "RUST_LOG"] {
+        let set = ValueSet::defaults().with(&[
+            "--set",
+            &format!("extraEnv[0].name={name}"),
+            "--set",
+            "extraEnv[0].value=x",
+        ]);
+        let err = template(&set).expect_err(&format!("extraEnv {name} accepted"));
+        assert!(
+            err.contains(&format!("extraEnv: {name} is set by the chart")),
+            "{name}: {err}"
+        );
+    }
+    // A variable the chart does not set is fine.
+    let r = Rendered::render(&ValueSet::defaults().with(&[
+        "--set",
+        "extraEnv[0].name=RUST_BACKTRACE",
+        "--set-string",
+        "extraEnv[0].value=1",
+    ]));
+    assert_eq!(r.env_value("RUST_BACKTRACE"), Some("1"));
+}
+
+/// serviceAccount.create=false: no ServiceAccount, the pods and every binding name the given
+/// one; rbac.create=false: no RBAC object at all, the pods still run as the account.
+#[test]
+fn an_existing_service_account_and_no_rbac() {
+    let set = ValueSet::ci("external-identity");
+    let values = set.file_values();
+    let given = values["serviceAccount"]["name"].as_str().unwrap();
+    let r = Rendered::render(&set);
+    assert!(r.service_accounts.is_empty(), "no ServiceAccount made");
+    assert_eq!(r.service_account_name(), given);
+    // The same grants as the defaults, to the given account (permissions() follows the pod's).
+    assert_eq!(
+        r.permissions(),
+        expected_permissions(true, true, true, true, false, NAMESPACE)
+    );
+    let subjects: BTreeSet<&str> = r
+        .cluster_role_bindings
+        .iter()
+        .flat_map(|b| b.subjects.iter().flatten())
+        .chain(
+            r.role_bindings
+                .iter()
+                .flat_map(|b| b.subjects.iter().flatten()),
+        )
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(subjects, BTreeSet::from([given]));
+    assert!(
+        r.pod().priority_class_name.is_none(),
+        "priorityClassName \"\""
+    );
+
+    for r in [
+        Rendered::render(&set.clone().with(&["--set", "rbac.create=false"])),
+        Rendered::render(&ValueSet::defaults().with(&["--set", "rbac.create=false"])),
+    ] {
+        assert!(!r.has_rbac(), "rbac.create=false renders no RBAC");
+        assert!(r.permissions().is_empty());
+        check_invariants(&r, "rbac.create=false");
+    }
+    let r = Rendered::render(&set.with(&["--set", "rbac.create=false"]));
+    assert!(r.service_accounts.is_empty());
+    assert_eq!(r.service_account_name(), given);
+    // Without creating it, the default name is the release's full name.
+    let r = Rendered::render(&ValueSet::defaults().with(&["--set", "serviceAccount.create=false"]));
+    assert!(r.service_accounts.is_empty());
+    assert_eq!(r.service_account_name(), RELEASE);
+    assert!(r.has_rbac());
+    // A name given while creating names the ServiceAccount made.
+    let r = Rendered::render(&ValueSet::defaults().with(&["--set", "serviceAccount.name=vk"]));
+    assert_eq!(r.service_accounts[0].metadata.name.as_deref(), Some("vk"));
+    assert_eq!(r.service_account_name(), "vk");
+    check_invariants(&r, "serviceAccount.name=vk");
+}
+
+/// hostNetwork: the node's network and DNS policy, ports declared as host ports and moved off
+/// the node's kubelet, the NetworkPolicy on those ports; ports that would collide are refused.
+#[test]
+fn host_network_moves_relaylet_onto_the_nodes_ports() {
+    let set = ValueSet::ci("host-network");
+    let values = set.file_values();
+    let r = Rendered::render(&set);
+    let pod = r.pod();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+    // relaylet learns its address from status.podIP, which is the node's IP here.
+    assert_eq!(
+        r.env("LEAF_NODE_IP")
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|f| f.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("status.podIP")
+    );
+    let port = values["nodeServer"]["port"].as_i64().unwrap() as i32;
+    let node_ports = values["nodeServer"]["nodePorts"].as_i64().unwrap() as i32;
+    assert_eq!(r.container_port("kubelet"), port);
+    assert_eq!(
+        r.env_value("NODE_SERVER_PORT"),
+        Some(port.to_string().as_str())
+    );
+    let metrics = values["metrics"]["port"].as_i64().unwrap() as i32;
+    assert_eq!(r.container_port("metrics"), metrics);
+    assert_eq!(
+        r.env_value("METRICS_ADDR"),
+        Some(format!("0.0.0.0:{metrics}").as_str())
+    );
+    for p in r.container().ports.iter().flatten() {
+        assert_eq!(p.host_port, Some(p.container_port));
+    }
+    // The NetworkPolicy follows the ports.
+    let np = r.network_policies[0].spec.as_ref().unwrap();
+    let kubelet_rule = np
+        .ingress
+        .iter()
+        .flatten()
+        .flat_map(|rule| rule.ports.iter().flatten())
+        .find(|p| p.port == Some(IntOrString::Int(port)))
+        .expect("a rule for the kubelet ports");
+    assert_eq!(kubelet_rule.end_port, Some(port + node_ports));
+    let text = notes(&set);
+    assert!(
+        text.contains(&format!("kubelet ports {port}-{}", port + node_ports)),
+        "{text}"
+    );
+
+    // Collisions with the node's own ports, or between relaylet's, never render.
+    for (flags, says) in [
+        (&["--set", "hostNetwork=true"][..], "overlap 10248-10259"),
+        (
+            &[
+                "--set",
+                "hostNetwork=true",
+                "--set",
+                "nodeServer.port=9000",
+                "--set",
+                "nodeServer.nodePorts=1248",
+            ][..],
+            "overlap 10248-10259",
+        ),
+        (
+            &[
+                "--set",
+                "hostNetwork=true",
+                "--set",
+                "nodeServer.port=10300",
+                "--set",
+                "metrics.port=10255",
+            ][..],
+            "metrics.port 10255 is one of the node's own ports",
+        ),
+        (
+            &[
+                "--set",
+                "hostNetwork=true",
+                "--set",
+                "nodeServer.port=10300",
+                "--set",
+                "metrics.port=10400",
+            ][..],
+            "metrics.port 10400 is in the kubelet ports 10300-11300",
+        ),
+    ] {
+        let err =
+            template(&ValueSet::defaults().with(flags)).expect_err(&format!("rendered {flags:?}"));
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+    // The same ports off the host network are the defaults and fine.
+    let r = Rendered::render(&ValueSet::defaults().with(&["--set", "hostNetwork=false"]));
+    assert!(r.pod().host_network.is_none());
+}
+
+/// As a subchart: Helm hands every subchart `global` (helm/helm#10392), which a schema with
+/// `additionalProperties: false` at its root must accept.
+#[test]
+fn the_chart_works_as_a_subchart_with_globals() {
+    let dir = Scratch::new("subchart");
+    let parent = dir.0.join("platform");
+    std::fs::create_dir_all(parent.join("charts")).unwrap();
+    std::fs::create_dir_all(parent.join("templates")).unwrap();
+    let out = Command::new("cp")
+        .arg("-r")
+        .arg(chart())
+        .arg(parent.join("charts"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::write(
+        parent.join("Chart.yaml"),
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\ndependencies:\n  - name: relaylet\n    version: 0.1.0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        parent.join("values.yaml"),
+        "global:\n  imageRegistry: registry.example.com\nrelaylet:\n  replicaCount: 3\n",
+    )
+    .unwrap();
+    let parent = parent.display().to_string();
+    let out = run_helm(&[
+        "lint".to_string(),
+        "--strict".to_string(),
+        "--with-subcharts".to_string(),
+        parent.clone(),
+        "--namespace".to_string(),
+        NAMESPACE.to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run_helm(&[
+        "template".to_string(),
+        RELEASE.to_string(),
+        parent,
+        "--namespace".to_string(),
+        NAMESPACE.to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = Rendered::parse(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(r.deployment().spec.as_ref().unwrap().replicas, Some(3));
+    check_invariants(&r, "subchart");
+    // Unknown top-level keys are still refused.
+    let err = template(&ValueSet::defaults().with(&["--set", "globals.imageRegistry=x"]))
+        .expect_err("an unknown top-level key");
+    assert!(err.contains("globals"), "{err}");
+}
+
 #[test]
 fn bad_values_are_refused_by_the_schema() {
-    let cases: [(&[&str], &str); 13] = [
+    let cases: &[(&[&str], &str)] = &[
         (&["--set", "nodeServer.port=0"], "/nodeServer/port"),
         (&["--set", "nodeServer.port=70000"], "/nodeServer/port"),
         (&["--set", "nodeServer.port=https"], "/nodeServer/port"),
@@ -1413,6 +1933,102 @@ fn bad_values_are_refused_by_the_schema() {
             ],
             "clientCA",
         ),
+        // The escape hatches are checked too.
+        (
+            &["--set", "serviceAccount.create=maybe"],
+            "/serviceAccount/create",
+        ),
+        (
+            &["--set", "serviceAccount.name=Relay_Let"],
+            "/serviceAccount/name",
+        ),
+        (&["--set", "serviceAccount.nmae=x"], "nmae"),
+        (&["--set", "rbac.create=yes"], "/rbac/create"),
+        (&["--set", "rbac.enabled=false"], "enabled"),
+        (&["--set", "hostNetwork=yes"], "/hostNetwork"),
+        (
+            &["--set", "priorityClassName=Critical_Pods"],
+            "/priorityClassName",
+        ),
+        (
+            &["--set", "podSecurityContext.runAsUser=-1"],
+            "/podSecurityContext/runAsUser",
+        ),
+        (&["--set", "podSecurityContext.runAsUsr=1000"], "runAsUsr"),
+        (
+            &["--set", "securityContext.capabilities.drop=ALL"],
+            "/securityContext/capabilities/drop",
+        ),
+        (
+            &["--set", "securityContext.readOnlyRootFs=true"],
+            "readOnlyRootFs",
+        ),
+        (
+            &["--set", "livenessProbe.periodSeconds=0"],
+            "/livenessProbe/periodSeconds",
+        ),
+        // A liveness probe's successThreshold must be 1; the handler is the chart's.
+        (
+            &["--set", "livenessProbe.successThreshold=2"],
+            "successThreshold",
+        ),
+        (&["--set", "readinessProbe.httpGet.path=/x"], "httpGet"),
+        (
+            &["--set", "startupProbe.enabled=on"],
+            "/startupProbe/enabled",
+        ),
+        (&["--set", "startupProbe.exec.command={true}"], "exec"),
+        (
+            &["--set", "topologySpreadConstraints[0].maxSkew=1"],
+            "topologyKey",
+        ),
+        (
+            &[
+                "--set",
+                "topologySpreadConstraints[0].maxSkew=1",
+                "--set",
+                "topologySpreadConstraints[0].topologyKey=zone",
+                "--set",
+                "topologySpreadConstraints[0].whenUnsatisfiable=Sometimes",
+            ],
+            "whenUnsatisfiable",
+        ),
+        (&["--set", "extraEnv[0].value=x"], "/extraEnv/0"),
+        (
+            &[
+                "--set",
+                "extraEnv[0].name=A",
+                "--set",
+                "extraEnv[0].value=1",
+            ],
+            "/extraEnv/0/value",
+        ),
+        (&["--set", "extraEnvFrom[0]=x"], "/extraEnvFrom/0"),
+        (
+            &["--set", "extraVolumes[0].emptyDir=null"],
+            "/extraVolumes/0",
+        ),
+        (&["--set", "extraVolumeMounts[0].name=data"], "mountPath"),
+        (
+            &[
+                "--set",
+                "extraVolumeMounts[0].name=data",
+                "--set",
+                "extraVolumeMounts[0].mountPath=data",
+            ],
+            "/extraVolumeMounts/0/mountPath",
+        ),
+        (&["--set", "extraContainers[0].name=sidecar"], "image"),
+        (
+            &[
+                "--set",
+                "initContainers[0].name=Init_1",
+                "--set",
+                "initContainers[0].image=busybox",
+            ],
+            "/initContainers/0/name",
+        ),
+        (&["--set", "global=shared"], "/global"),
     ];
     for (flags, mentions) in cases {
         let set = ValueSet::defaults().with(flags);

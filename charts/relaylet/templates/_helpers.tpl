@@ -20,6 +20,51 @@ Names and labels shared by every object of the release.
 {{- end }}
 {{- end }}
 
+{{/* The ServiceAccount relaylet runs as (made by the chart unless serviceAccount.create=false). */}}
+{{- define "relaylet.serviceAccountName" -}}
+{{- default (include "relaylet.fullname" .) .Values.serviceAccount.name }}
+{{- end }}
+
+{{/*
+With hostNetwork, relaylet's ports are the node's: the kubelet port and the nodePorts above it,
+and the metrics port, must stay clear of the node's own daemons (10248-10259: kubelet healthz,
+kube-proxy metrics, kubelet, kubelet read-only, kube-proxy healthz, controller-manager,
+cloud-controller-manager, scheduler) and of each other.
+*/}}
+{{- define "relaylet.checkHostPorts" -}}
+{{- if .Values.hostNetwork }}
+{{- $first := int .Values.nodeServer.port }}
+{{- $last := add $first .Values.nodeServer.nodePorts }}
+{{- if and (le $first 10259) (ge $last 10248) }}
+{{- fail (printf "hostNetwork=true: nodeServer.port %d and the nodePorts above it (up to %d) are the node's ports and overlap 10248-10259, where the node's kubelet (10250), kube-proxy and control plane listen: set nodeServer.port to 10260 or more (e.g. 10300), or lower it with fewer nodePorts (docs/install.md, \"Host network\")" $first $last) }}
+{{- end }}
+{{- $metrics := int .Values.metrics.port }}
+{{- if and (ge $metrics 10248) (le $metrics 10259) }}
+{{- fail (printf "hostNetwork=true: metrics.port %d is one of the node's own ports (10248-10259): choose another" $metrics) }}
+{{- end }}
+{{- if and (ge $metrics $first) (le $metrics $last) }}
+{{- fail (printf "hostNetwork=true: metrics.port %d is in the kubelet ports %d-%d (nodeServer.port and nodePorts): choose another" $metrics $first $last) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A map of values as YAML, the keys of .order first and in that order, then any others sorted
+(so the defaults render in the order they always had); a key set to null is left out. Called
+with (dict "values" $map "order" (list ...)).
+*/}}
+{{- define "relaylet.orderedYaml" -}}
+{{- $m := .values -}}
+{{- $lines := list -}}
+{{- range $k := .order }}
+{{- if and (hasKey $m $k) (not (kindIs "invalid" (index $m $k))) }}{{ $lines = append $lines (dict $k (index $m $k) | toYaml) }}{{ end }}
+{{- end }}
+{{- range $k, $v := $m }}
+{{- if and (not (has $k $.order)) (not (kindIs "invalid" $v)) }}{{ $lines = append $lines (dict $k $v | toYaml) }}{{ end }}
+{{- end }}
+{{- join "\n" $lines }}
+{{- end }}
+
 {{- define "relaylet.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
