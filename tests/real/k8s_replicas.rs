@@ -91,13 +91,37 @@ pub(super) fn spread_over_leaves(
                 *writer == format!("relaylet-{i}") && *address == w.replica_ip(*i).to_string()
             })
         });
-        if settled {
+        // And it is the assignment the leader published (its Role lets it write that one
+        // ConfigMap on a real apiserver).
+        if settled && published(w) == assignment {
             return expected;
         }
         last = seen;
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("the nodes never reached the assignment {expected:?} over replicas {live:?}: {last:?}");
+}
+
+/// The assignment published in the `relaylet-assignment` ConfigMap (empty while there is none).
+fn published(w: &World) -> relaylet::replicas::Assignment {
+    let json = w.root.kubectl_ok(&[
+        "get",
+        "--ignore-not-found",
+        "configmap",
+        relaylet::replicas::ASSIGNMENT_CONFIGMAP,
+        "-n",
+        world::RELAYLET_NAMESPACE,
+        "-o",
+        "jsonpath={.data}",
+    ]);
+    let data: BTreeMap<String, String> = serde_json::from_str(&json).unwrap_or_default();
+    data.iter()
+        .flat_map(|(replica, nodes)| {
+            nodes
+                .lines()
+                .map(move |n| (n.into(), replica.as_str().into()))
+        })
+        .collect()
 }
 
 /// [`spread_over_leaves`] of this suite's leaves.
