@@ -15,6 +15,10 @@
 //! so a replica takes part in elections only after it (`LivePods::includes`).
 //!
 //! Memory is bounded: only names are kept, and at most [`MAX_PODS`] of them.
+//!
+//! A watch can lag: a replica about to take a Node from a peer whose presence Lease is renewed
+//! but whose pod the cache does not show asks the apiserver first ([`LivePods::runs_now`]), so
+//! a lagging cache never makes a live peer look forged.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -47,10 +51,15 @@ const RETRY_OWN_POD: Duration = Duration::from_secs(5);
 /// The names of the live pods, `None` until the first listing is done.
 type Names = Option<Arc<BTreeSet<String>>>;
 
+/// Where to ask the apiserver about one pod, and the selector once it is known.
+type Ask = (Api<SlimPod>, watch::Receiver<Option<ReplicaSelector>>);
+
 /// The live relaylet pods of this install. Cheap to clone.
 #[derive(Clone)]
 pub struct LivePods {
     names: watch::Receiver<Names>,
+    /// Where to ask about one pod now, once the selector is known (none for a fixed set).
+    ask: Option<Arc<Ask>>,
     /// Held so a fixed set stays readable.
     _fixed: Option<Arc<watch::Sender<Names>>>,
 }
@@ -66,15 +75,18 @@ impl LivePods {
         stop: CancellationToken,
     ) -> LivePods {
         let (tx, rx) = watch::channel(None);
+        let (selector_tx, selector_rx) = watch::channel(None);
+        let ask = Some(Arc::new((Api::namespaced(root.clone(), namespace), selector_rx)));
         let namespace = namespace.to_string();
         tokio::spawn(async move {
             tokio::select! {
-                _ = follow(root, namespace, selector, me, tx) => {}
+                _ = follow(root, namespace, selector, me, tx, selector_tx) => {}
                 _ = stop.cancelled() => {}
             }
         });
         LivePods {
             names: rx,
+            ask,
             _fixed: None,
         }
     }
@@ -85,7 +97,31 @@ impl LivePods {
         let (tx, rx) = watch::channel(Some(Arc::new(names)));
         LivePods {
             names: rx,
+            ask: None,
             _fixed: Some(Arc::new(tx)),
+        }
+    }
+
+    /// Whether `name` is a Running relaylet pod of this install as the apiserver says now,
+    /// not as the cache says (a fixed set: whether it is in it). `true` when that cannot be
+    /// told (the selector not known yet, the read failed): the caller then waits rather than
+    /// take a Node from a replica that may be serving it.
+    pub async fn runs_now(&self, name: &str) -> bool {
+        let Some((api, selector)) = self.ask.as_deref() else {
+            return self.is_live(name);
+        };
+        let Some(selector) = selector.borrow().clone() else {
+            return true;
+        };
+        let params = kube::api::ListParams::default()
+            .labels(&selector.query())
+            .fields(&format!("metadata.name={name}"));
+        match api.list(&params).await {
+            Ok(pods) => pods.items.iter().any(|pod| pod.phase() == Some("Running")),
+            Err(err) => {
+                tracing::debug!(%err, pod = name, "reading a relaylet pod");
+                true
+            }
         }
     }
 
@@ -137,11 +173,13 @@ async fn follow(
     selector: Option<ReplicaSelector>,
     me: String,
     tx: watch::Sender<Names>,
+    selector_tx: watch::Sender<Option<ReplicaSelector>>,
 ) {
     let selector = match selector {
         Some(selector) => selector,
         None => own_pod_selector(&root, &namespace, &me).await,
     };
+    selector_tx.send_replace(Some(selector.clone()));
     tracing::info!(selector = %selector.query(), "relaylet pods are found by this selector");
     let api: Api<SlimPod> = Api::namespaced(root, &namespace);
     let config = watcher::Config::default().labels(&selector.query());
@@ -283,6 +321,7 @@ mod tests {
         let (tx, rx) = watch::channel(None);
         let live = LivePods {
             names: rx,
+            ask: None,
             _fixed: None,
         };
         assert!(!live.is_live("a"));
@@ -297,6 +336,7 @@ mod tests {
         let (tx, rx) = watch::channel(Some(Arc::new(BTreeSet::from(["a".to_string()]))));
         let live = LivePods {
             names: rx,
+            ask: None,
             _fixed: None,
         };
         let waiting = tokio::spawn(async move { live.includes("b").await });

@@ -72,6 +72,8 @@ pub struct Replicas {
     /// Whether this replica's own presence is current: it may serve nodes only while it is.
     pub present: Leadership,
     peers: watch::Receiver<Peers>,
+    /// This install's live pods (none when alone).
+    live: Option<LivePods>,
     /// Held so a fixed [`Replicas::alone`] keeps its value readable.
     _fixed: Option<Arc<watch::Sender<Peers>>>,
 }
@@ -83,6 +85,10 @@ pub struct Peers {
     renewing: BTreeSet<Arc<str>>,
     /// Others whose Lease might still be renewed (not yet expired, released or gone).
     maybe_alive: BTreeSet<Arc<str>>,
+    /// Others whose Lease is written (by its own name) within its duration but whose pod the
+    /// cache of live pods does not show: a ghost, or a live peer the cache has not caught up
+    /// with. Not counted; asked about before any of its Nodes is taken.
+    unconfirmed: BTreeSet<Arc<str>>,
     /// `false` with leader election off: there are no others, and every node is this one's to
     /// take whatever its Node says.
     elected: bool,
@@ -95,6 +101,7 @@ impl PartialEq for Peers {
     fn eq(&self, other: &Peers) -> bool {
         self.renewing == other.renewing
             && self.maybe_alive == other.maybe_alive
+            && self.unconfirmed == other.unconfirmed
             && self.elected == other.elected
     }
 }
@@ -113,6 +120,12 @@ impl Peers {
     /// Whether `replica` (another one) was seen renewing its presence.
     pub fn is_renewing(&self, replica: &str) -> bool {
         self.renewing.contains(replica)
+    }
+
+    /// Whether `replica`'s Lease is written within its duration though its pod is not among
+    /// the live ones as cached (ask the apiserver before taking its Nodes).
+    pub fn unconfirmed(&self, replica: &str) -> bool {
+        self.elected && self.unconfirmed.contains(replica)
     }
 
     /// Whether `replica` (another one) might still be writing the nodes it holds.
@@ -140,6 +153,7 @@ impl Peers {
                 .chain(maybe_alive)
                 .map(|r| Arc::from(*r))
                 .collect(),
+            unconfirmed: BTreeSet::new(),
             elected: true,
             asked: Some(Instant::now()),
         }
@@ -172,6 +186,7 @@ impl Replicas {
             me: me.into(),
             present: Leadership::once(eligible),
             peers: rx,
+            live: None,
             _fixed: Some(Arc::new(tx)),
         }
     }
@@ -212,6 +227,7 @@ impl Replicas {
             ..Peers::default()
         });
         let api: Api<Lease> = Api::namespaced(root, namespace);
+        let live = judges.live.clone();
         tokio::spawn(async move {
             // Leases are judged only once the live pods are known (before, every one would
             // look like a ghost).
@@ -277,7 +293,18 @@ impl Replicas {
             me: me.into(),
             present,
             peers: rx,
+            live: Some(live),
             _fixed: None,
+        }
+    }
+
+    /// Whether replica `name`'s pod runs now, as the apiserver says (not the cache): asked
+    /// before taking a Node from a peer whose Lease is written but whose pod the cache misses
+    /// ([`Peers::unconfirmed`]). Alone: there is no other replica.
+    pub async fn runs_now(&self, name: &str) -> bool {
+        match &self.live {
+            Some(live) => live.runs_now(name).await,
+            None => false,
         }
     }
 
@@ -354,6 +381,8 @@ struct Sighting {
     counted: Option<Counted>,
     /// The listing that last saw the Lease.
     listing: u64,
+    /// Ignored at its last sighting only because its pod is not among the live ones cached.
+    unconfirmed: bool,
 }
 
 /// A claim that counts: the replica's own, its pod live.
@@ -409,6 +438,7 @@ impl Seen {
                 changed_at: now,
                 counted: None,
                 listing: 0,
+                unconfirmed: false,
             });
         let first = !tracked;
         let written = first || sighting.last != claim;
@@ -417,6 +447,7 @@ impl Seen {
             sighting.changed_at = now;
         }
         sighting.listing = self.listing;
+        sighting.unconfirmed = verdict == Presence::Ignored(identity::Ignored::NotALivePod);
         match verdict {
             Presence::Released => sighting.counted = None,
             Presence::Counts(_) => {
@@ -468,6 +499,12 @@ impl Seen {
             ..Peers::default()
         };
         for (name, sighting) in &self.leases {
+            if let Some(replica) = name.strip_prefix(PRESENCE_PREFIX)
+                && sighting.unconfirmed
+                && now.duration_since(sighting.changed_at) <= LEASE_DURATION
+            {
+                peers.unconfirmed.insert(replica.into());
+            }
             let (Some(replica), Some(counted)) =
                 (name.strip_prefix(PRESENCE_PREFIX), &sighting.counted)
             else {

@@ -32,7 +32,9 @@ pub fn served_by(node: &Node) -> &str {
 
 /// Whether `me` may take, at `now`, a Node whose writer is `holder`: none, itself, or a replica
 /// that cannot be writing any more by a current view of the presence Leases
-/// ([`Peers::current`]). A name no listing showed counts as gone (a Lease deleted long after
+/// ([`Peers::current`]). (Where the holder's Lease is written but its pod is not among the live
+/// ones cached, [`Peers::unconfirmed`], the leaf loop also asks the apiserver whether its pod
+/// runs: a lagging cache must not make a live peer look forged.) A name no listing showed counts as gone (a Lease deleted long after
 /// its replica died): a replica that just started cannot be serving the Node, as its term
 /// counts only once a current view shows it (`leader::FRESH_TERM_WAIT`).
 pub fn may_take(holder: &str, me: &str, peers: &Peers, now: Instant) -> bool {

@@ -660,12 +660,21 @@ impl Controller {
     ) -> Result<Option<Cow<'n, Node>>, SyncError> {
         let me = &*self.replicas.me;
         let holder = served_by::served_by(node);
+        let peers = self.replicas.peers();
+        let mut holder_gone = served_by::may_take(holder, me, &peers, Instant::now());
+        if holder_gone && peers.unconfirmed(holder) && self.replicas.runs_now(holder).await {
+            tracing::info!(
+                holder,
+                "the virtual node's writer runs, though this replica's cache of relaylet pods does not show it yet: not taking it"
+            );
+            holder_gone = false;
+        }
         let mut facts = served_by::Facts {
             present: true,
             assigned: true,
             held: state.held,
             names_me: holder == me,
-            holder_gone: served_by::may_take(holder, me, &self.replicas.peers(), Instant::now()),
+            holder_gone,
         };
         let held = loop {
             match served_by::choose(facts) {

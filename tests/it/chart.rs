@@ -24,7 +24,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{
+    self as rbac, ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
@@ -501,6 +503,18 @@ impl Rendered {
     }
 
     /// Whether any RBAC object is rendered.
+    /// Every subject of every (Cluster)RoleBinding.
+    fn binding_subjects(&self) -> impl Iterator<Item = &rbac::Subject> {
+        self.cluster_role_bindings
+            .iter()
+            .flat_map(|b| b.subjects.iter().flatten())
+            .chain(
+                self.role_bindings
+                    .iter()
+                    .flat_map(|b| b.subjects.iter().flatten()),
+            )
+    }
+
     fn has_rbac(&self) -> bool {
         !(self.cluster_roles.is_empty()
             && self.cluster_role_bindings.is_empty()
@@ -1029,16 +1043,7 @@ fn check_invariants(r: &Rendered, set: &str) {
     // nothing else.
     if r.has_rbac() {
         let sa = r.service_account_name();
-        for subject in r
-            .cluster_role_bindings
-            .iter()
-            .flat_map(|b| b.subjects.iter().flatten())
-            .chain(
-                r.role_bindings
-                    .iter()
-                    .flat_map(|b| b.subjects.iter().flatten()),
-            )
-        {
+        for subject in r.binding_subjects() {
             assert_eq!(
                 (
                     subject.kind.as_str(),
@@ -1695,17 +1700,7 @@ fn an_existing_service_account_and_no_rbac() {
         r.permissions(),
         expected_permissions(true, true, true, true, false, NAMESPACE)
     );
-    let subjects: BTreeSet<&str> = r
-        .cluster_role_bindings
-        .iter()
-        .flat_map(|b| b.subjects.iter().flatten())
-        .chain(
-            r.role_bindings
-                .iter()
-                .flat_map(|b| b.subjects.iter().flatten()),
-        )
-        .map(|s| s.name.as_str())
-        .collect();
+    let subjects: BTreeSet<&str> = r.binding_subjects().map(|s| s.name.as_str()).collect();
     assert_eq!(subjects, BTreeSet::from([given]));
     assert!(
         r.pod().priority_class_name.is_none(),
