@@ -10,10 +10,12 @@
 //! - `names`, `quantity`: Kubernetes' name and label rules; exact resource-quantity arithmetic.
 //! - `quote`: text from a leaf made short and single-line before relaylet writes it anywhere.
 //! - `event`: an Event as relaylet writes one, within upstream's limits.
+//! - `micro_time`: Lease times cut to the microsecond, as the apiserver keeps them.
 
 pub mod counterpart;
 pub mod event;
 pub mod kubelet_request;
+pub mod micro_time;
 pub mod names;
 pub mod node_overrides;
 pub mod node_ownership;

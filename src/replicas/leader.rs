@@ -181,9 +181,7 @@ impl Election {
 
     async fn round(&mut self) -> Result<bool, kube::Error> {
         // To the microsecond, as the Lease stores it: `landed` compares it with what is read.
-        let now = Timestamp::from_microsecond(Timestamp::now().as_microsecond())
-            .map(MicroTime)
-            .unwrap_or_else(|_| MicroTime(Timestamp::now()));
+        let now = MicroTime(crate::model::micro_time::to_microsecond(Timestamp::now()));
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {

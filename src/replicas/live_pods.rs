@@ -76,7 +76,10 @@ impl LivePods {
     ) -> LivePods {
         let (tx, rx) = watch::channel(None);
         let (selector_tx, selector_rx) = watch::channel(None);
-        let ask = Some(Arc::new((Api::namespaced(root.clone(), namespace), selector_rx)));
+        let ask = Some(Arc::new((
+            Api::namespaced(root.clone(), namespace),
+            selector_rx,
+        )));
         let namespace = namespace.to_string();
         tokio::spawn(async move {
             tokio::select! {

@@ -44,7 +44,7 @@ impl LeaseMark {
 /// writer's clock was ahead of this one's). The node lifecycle controller counts a renewal only
 /// when `renewTime` moves forward, so it never goes back, even by a microsecond.
 pub(super) fn next_renew_time(now: Timestamp, last: Option<Timestamp>) -> Timestamp {
-    let now = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
+    let now = crate::model::micro_time::to_microsecond(now);
     match last.and_then(|t| {
         t.checked_add(k8s_openapi::jiff::SignedDuration::from_micros(1))
             .ok()
