@@ -2,10 +2,13 @@
 //! the same two lists (the registered nodes and the live replicas), so no coordinator is needed.
 //!
 //! Each node ranks the replicas by a hash of (node, replica), rendezvous hashing, and takes the
-//! best-ranked one that still has room; room is `ceil(nodes / replicas)`. The cap keeps the
-//! spread even (6 nodes on 3 replicas is 2-2-2, never the 4-1-1 plain rendezvous hashing can
-//! give); the ranking keeps it stable: a replica that joins or leaves moves about its share of
-//! nodes, not all of them. The hash is FNV-1a with a fixed finaliser, not std's hasher, whose
+//! best-ranked one that still has room; room is `ceil(nodes / replicas)`. Then a replica left
+//! below `floor(nodes / replicas)` takes, one at a time, the node it ranks best among those of
+//! replicas above it. So every replica holds ⌊n/r⌋ or ⌈n/r⌉ (6 nodes on 3 replicas is 2-2-2,
+//! never the 4-1-1 plain rendezvous hashing can give, and 4 on 3 is 2-1-1, never 2-2-0); the
+//! ranking keeps it stable: a replica that joins or leaves moves about its share of nodes, not
+//! all of them. The leader's computation is the one published (`published`), so replicas of two
+//! versions agree as long as the leader runs; each replica's own is only a fallback. The hash is FNV-1a with a fixed finaliser, not std's hasher, whose
 //! output may change between Rust releases: replicas of two relaylet versions during a rolling
 //! upgrade must agree.
 
@@ -36,7 +39,7 @@ impl Assignment {
         // how nodes happen to be named.
         nodes.sort_by_cached_key(|n| (score(n, ""), *n));
         let mut load: HashMap<&str, usize> = HashMap::new();
-        let mut out = BTreeMap::new();
+        let mut out: BTreeMap<&str, &str> = BTreeMap::new();
         for node in nodes {
             let mut ranked = replicas.clone();
             ranked.sort_by_key(|r| std::cmp::Reverse((score(node, r), *r)));
@@ -46,9 +49,32 @@ impl Assignment {
                 .copied()
                 .unwrap_or(ranked[0]);
             *load.entry(chosen).or_default() += 1;
-            out.insert(Arc::from(node), Arc::from(chosen));
+            out.insert(node, chosen);
         }
-        Assignment(out)
+        let floor = out.len() / replicas.len();
+        while let Some(under) = replicas
+            .iter()
+            .copied()
+            .find(|r| load.get(r).copied().unwrap_or(0) < floor)
+        {
+            // Some other replica holds more than the floor (the loads add up to the nodes).
+            let Some((node, from)) = out
+                .iter()
+                .filter(|(_, r)| load.get(**r).copied().unwrap_or(0) > floor)
+                .max_by_key(|(n, _)| (score(n, under), **n))
+                .map(|(n, r)| (*n, *r))
+            else {
+                break;
+            };
+            *load.entry(from).or_default() -= 1;
+            *load.entry(under).or_default() += 1;
+            out.insert(node, under);
+        }
+        Assignment(
+            out.into_iter()
+                .map(|(n, r)| (Arc::from(n), Arc::from(r)))
+                .collect(),
+        )
     }
 
     /// The replica assigned `node`.
@@ -120,7 +146,18 @@ mod tests {
 
     #[test]
     fn every_node_gets_one_replica_and_the_spread_is_even() {
-        for (n, r) in [(6, 3), (7, 3), (100, 3), (1000, 7), (2, 3), (1, 1)] {
+        for (n, r) in [
+            (6, 3),
+            (7, 3),
+            (100, 3),
+            (1000, 7),
+            (2, 3),
+            (1, 1),
+            (4, 3),
+            (5, 4),
+            (9, 4),
+            (11, 5),
+        ] {
             let nodes = names("relaylet-leaf-", n);
             let replicas = names("relaylet-7d9f-", r);
             let a = assign(&nodes, &replicas);
@@ -132,8 +169,16 @@ mod tests {
                 );
             }
             let room = n.div_ceil(r);
+            let floor = n / r;
             let loads = a.loads();
             assert!(loads.values().all(|l| *l <= room), "{n}/{r}: {loads:?}");
+            // Every replica holds at least the floor (one holding none is absent from loads).
+            let held: usize = replicas
+                .iter()
+                .map(|rep| loads.get(rep.as_str()).copied().unwrap_or(0))
+                .filter(|l| *l >= floor)
+                .count();
+            assert_eq!(held, r, "{n}/{r}: {loads:?}");
             assert_eq!(loads.values().sum::<usize>(), n);
         }
     }

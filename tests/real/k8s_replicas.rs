@@ -56,7 +56,7 @@ pub(super) fn nodes(w: &World) -> BTreeMap<String, (String, String, bool)> {
 /// Waits until the virtual node of each of `leaves` is Ready and written by the replica the
 /// assignment over `live` (replica indexes) gives it, with that replica's address first; each
 /// node's replica. The expected spread comes from `Assignment::compute`, never from what the running system
-/// shows (a replica may rightly get no Node). Panics if a node is seen NotReady meanwhile.
+/// shows. Panics if a node is seen NotReady meanwhile.
 pub(super) fn spread_over_leaves(
     w: &World,
     leaves: &[&str],
