@@ -834,6 +834,24 @@ async fn sessions_go_to_their_nodes_replica(
             .map(|n| served_by(&n))
             .unwrap_or_default()
     };
+    // A Node can name its replica before that replica serves it: one restarted under its name
+    // finds its Nodes still naming it (and its old process's ports) and serves them only once
+    // its fresh term counts. Wait until each Node names the port its replica listens on.
+    wait_for("each Node names the port its replica listens on", || {
+        owners
+            .iter()
+            .all(|(node, owner)| {
+                let listening = replicas[owner.as_str()].running.node_ports.addr_of(node);
+                let named = store
+                    .get_typed::<Node>("", node)
+                    .ok()
+                    .and_then(|n| n.status?.daemon_endpoints?.kubelet_endpoint)
+                    .map(|e| e.port);
+                listening.is_some_and(|a| Some(i32::from(a.port())) == named)
+            })
+            .then_some(())
+    })
+    .await;
     for (i, node) in owners.keys().enumerate() {
         let leaf = node.trim_start_matches("relaylet-");
         let before: BTreeMap<&str, f64> = replicas
@@ -2340,9 +2358,21 @@ async fn a_replica_cut_from_the_root_lets_go_before_its_nodes_are_taken() {
             .iter()
             .position(|n| format!("relaylet-{n}") == node)
             .expect("leaf");
-        let (nodes_watched, pods_watched) = leaf_watches(&leaves[i]);
-        let extra = (nodes_watched - baseline[i].0, pods_watched - baseline[i].1);
-        assert_eq!(extra, (1, 1), "{node}'s leaf: watches beyond its own");
+        // (Its watches close, the taker's open: wait for both.)
+        let mut extra = (0, 0);
+        let watched = tokio::time::timeout(
+            Duration::from_secs(20),
+            wait_for("one replica watching the leaf", || {
+                let (nodes_watched, pods_watched) = leaf_watches(&leaves[i]);
+                extra = (nodes_watched - baseline[i].0, pods_watched - baseline[i].1);
+                (extra == (1, 1)).then_some(())
+            }),
+        )
+        .await;
+        assert!(
+            watched.is_ok(),
+            "{node}'s leaf: watches beyond its own {extra:?}, not (1, 1)"
+        );
 
         // Healed: the assignment over both replicas again.
         cut.black_hole(false);
