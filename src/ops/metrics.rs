@@ -563,10 +563,9 @@ impl Collector for ProcessCollector {
                 _ => None,
             };
             let Some(value) = value else { continue };
-            if *kind == MetricType::Counter {
+            if matches!(kind, MetricType::Counter) {
                 let counter = ConstCounter::new(value);
-                let metric =
-                    encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+                let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
                 counter.encode(metric)?;
             } else {
                 let gauge = ConstGauge::new(value);
@@ -691,13 +690,18 @@ mod tests {
         assert!(text.contains("# TYPE process_cpu_seconds counter"));
         assert!(sample(&text, "process_cpu_seconds_total").unwrap() >= 0.0);
         assert!(sample(&text, "process_open_fds").unwrap() >= 3.0);
-        assert!(sample(&text, "process_max_fds").unwrap() >= sample(&text, "process_open_fds").unwrap());
+        assert!(
+            sample(&text, "process_max_fds").unwrap() >= sample(&text, "process_open_fds").unwrap()
+        );
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64();
         let start = sample(&text, "process_start_time_seconds").unwrap();
-        assert!(start <= now + 1.0 && start > now - 86_400.0, "{start} vs {now}");
+        assert!(
+            start <= now + 1.0 && start > now - 86_400.0,
+            "{start} vs {now}"
+        );
         drop(before);
     }
 

@@ -1132,14 +1132,22 @@ fn check_invariants(r: &Rendered, set: &str) {
             "{set}"
         );
         for ep in &pm.spec.pod_metrics_endpoints {
-            assert_eq!(r.container_port(&ep.port), r.container_port("metrics"), "{set}");
+            assert_eq!(
+                r.container_port(&ep.port),
+                r.container_port("metrics"),
+                "{set}"
+            );
         }
         check_monitor_namespace(&pm.metadata, pm.spec.namespace_selector.as_ref(), set);
     }
     for rule in &r.prometheus_rules {
         assert!(rule.alerts().count() > 0, "{set}: an empty PrometheusRule");
         for alert in rule.alerts() {
-            assert!(alert.labels.contains_key("severity"), "{set}: {}", alert.alert);
+            assert!(
+                alert.labels.contains_key("severity"),
+                "{set}: {}",
+                alert.alert
+            );
             // Only this install's series: the namespace label its monitor gives them.
             assert!(
                 alert.expr.contains(&format!("namespace=\"{NAMESPACE}\"")),
@@ -1161,7 +1169,11 @@ fn check_invariants(r: &Rendered, set: &str) {
             assert!(key.ends_with(".json"), "{set}: {key}");
             let dashboard: Value = serde_json::from_str(json)
                 .unwrap_or_else(|e| panic!("{set}: {key} is not JSON: {e}"));
-            assert!(dashboard["panels"].as_array().is_some_and(|p| !p.is_empty()));
+            assert!(
+                dashboard["panels"]
+                    .as_array()
+                    .is_some_and(|p| !p.is_empty())
+            );
         }
     }
 
@@ -1478,13 +1490,21 @@ fn monitoring_renders_the_pod_monitor_rules_and_dashboard_as_the_values_say() {
     let pm = &r.pod_monitors[0];
     assert_eq!(pm.metadata.namespace.as_deref(), Some("monitoring"));
     assert_eq!(
-        pm.metadata.labels.as_ref().unwrap().get("release").map(String::as_str),
+        pm.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("release")
+            .map(String::as_str),
         Some("prometheus")
     );
     let endpoint = &pm.spec.pod_metrics_endpoints[0];
     assert_eq!(endpoint.port, "metrics");
     assert_eq!(endpoint.path, "/metrics");
-    assert_eq!(Some(endpoint.interval.as_str()), want["podMonitor"]["interval"].as_str());
+    assert_eq!(
+        Some(endpoint.interval.as_str()),
+        want["podMonitor"]["interval"].as_str()
+    );
     assert_eq!(
         endpoint.scrape_timeout.as_deref(),
         want["podMonitor"]["scrapeTimeout"].as_str()
@@ -1503,16 +1523,25 @@ fn monitoring_renders_the_pod_monitor_rules_and_dashboard_as_the_values_say() {
     let tuned = &want["prometheusRule"];
     assert_eq!(rule.metadata.namespace.as_deref(), Some("monitoring"));
     assert_eq!(
-        rule.metadata.labels.as_ref().unwrap().get("release").map(String::as_str),
+        rule.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("release")
+            .map(String::as_str),
         Some("prometheus")
     );
     // Turned off, and only that one.
     assert!(rule.alert("RelayletAbsent").is_none());
     assert_eq!(rule.alerts().count(), 12);
     for alert in rule.alerts() {
-        assert_eq!(alert.labels.get("team").map(String::as_str), Some("platform"));
+        assert_eq!(
+            alert.labels.get("team").map(String::as_str),
+            Some("platform")
+        );
         assert!(
-            alert.annotations["runbook_url"].starts_with("https://docs.example.com/relaylet/docs/operations.md#"),
+            alert.annotations["runbook_url"]
+                .starts_with("https://docs.example.com/relaylet/docs/operations.md#"),
             "{}",
             alert.annotations["runbook_url"]
         );
@@ -1525,14 +1554,24 @@ fn monitoring_renders_the_pod_monitor_rules_and_dashboard_as_the_values_say() {
     assert!(sessions.expr.contains(") > 0.25"), "{}", sessions.expr);
     assert!(sessions.expr.ends_with(">= 5"), "{}", sessions.expr);
     let latency = rule.alert("RelayletUpgradeLatencyHigh").unwrap();
-    assert_eq!((latency.for_.as_str(), latency.labels["severity"].as_str()), ("30m", "info"));
-    assert!(latency.expr.starts_with("histogram_quantile(0.95,"), "{}", latency.expr);
+    assert_eq!(
+        (latency.for_.as_str(), latency.labels["severity"].as_str()),
+        ("30m", "info")
+    );
+    assert!(
+        latency.expr.starts_with("histogram_quantile(0.95,"),
+        "{}",
+        latency.expr
+    );
     assert!(latency.expr.ends_with("> 1.5"), "{}", latency.expr);
     let expiry = rule.alert("RelayletServingCertificateExpiring").unwrap();
     assert!(expiry.expr.ends_with("- time() < 86400"), "{}", expiry.expr);
     // What the values leave alone keeps the defaults.
     let root = rule.alert("RelayletRootUnreachable").unwrap();
-    assert_eq!((root.for_.as_str(), root.labels["severity"].as_str()), ("5m", "critical"));
+    assert_eq!(
+        (root.for_.as_str(), root.labels["severity"].as_str()),
+        ("5m", "critical")
+    );
     assert_eq!(tuned["alerts"]["rootUnreachable"], Value::Null);
 
     assert_eq!(r.config_maps.len(), 1);
@@ -1540,11 +1579,19 @@ fn monitoring_renders_the_pod_monitor_rules_and_dashboard_as_the_values_say() {
     let dash = &values["dashboards"];
     assert_eq!(cm.metadata.namespace.as_deref(), Some("monitoring"));
     let labels = cm.metadata.labels.as_ref().unwrap();
-    assert_eq!(labels.get("grafana_dashboard_relaylet").map(String::as_str), Some("yes"));
+    assert_eq!(
+        labels.get("grafana_dashboard_relaylet").map(String::as_str),
+        Some("yes")
+    );
     assert_eq!(labels.get("team").map(String::as_str), Some("platform"));
     assert!(!labels.contains_key("grafana_dashboard"));
     assert_eq!(
-        cm.metadata.annotations.as_ref().unwrap().get("grafana_folder").map(String::as_str),
+        cm.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get("grafana_folder")
+            .map(String::as_str),
         dash["annotations"]["grafana_folder"].as_str()
     );
     // The dashboard is the file the chart ships, whole.
@@ -1560,7 +1607,12 @@ fn monitoring_renders_the_pod_monitor_rules_and_dashboard_as_the_values_say() {
     let cm = &r.config_maps[0];
     assert_eq!(cm.metadata.namespace.as_deref(), Some(NAMESPACE));
     assert_eq!(
-        cm.metadata.labels.as_ref().unwrap().get("grafana_dashboard").map(String::as_str),
+        cm.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("grafana_dashboard")
+            .map(String::as_str),
         Some("1")
     );
     let r = Rendered::render(&ValueSet::defaults().with(&[
@@ -1569,11 +1621,31 @@ fn monitoring_renders_the_pod_monitor_rules_and_dashboard_as_the_values_say() {
         "--set",
         "metrics.podMonitor.enabled=true",
     ]));
-    assert_eq!(r.prometheus_rules[0].metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(
+        r.prometheus_rules[0].metadata.namespace.as_deref(),
+        Some(NAMESPACE)
+    );
     assert_eq!(r.prometheus_rules[0].alerts().count(), 13);
-    assert_eq!(r.pod_monitors[0].metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(
+        r.pod_monitors[0].metadata.namespace.as_deref(),
+        Some(NAMESPACE)
+    );
     assert!(r.pod_monitors[0].spec.namespace_selector.is_none());
-    assert!(r.pod_monitors[0].spec.pod_metrics_endpoints[0].scrape_timeout.is_none());
+    assert!(
+        r.pod_monitors[0].spec.pod_metrics_endpoints[0]
+            .scrape_timeout
+            .is_none()
+    );
+
+    // Not both monitors: every pod would be scraped twice and every sum doubled.
+    let both = ValueSet::defaults().with(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+    ]);
+    let err = template(&both).expect_err("a ServiceMonitor and a PodMonitor rendered");
+    assert!(err.contains("enable one, not both"), "{err}");
 }
 
 #[test]
@@ -2249,15 +2321,6 @@ fn bad_values_are_refused_by_the_schema() {
         (&["--set", "hostNetwork=yes"], "/hostNetwork"),
         // Monitoring.
         (
-            &[
-                "--set",
-                "metrics.serviceMonitor.enabled=true",
-                "--set",
-                "metrics.podMonitor.enabled=true",
-            ],
-            "enable one, not both",
-        ),
-        (
             &["--set", "metrics.podMonitor.scrapeTimeout=10 seconds"],
             "/metrics/podMonitor/scrapeTimeout",
         ),
@@ -2266,7 +2329,10 @@ fn bad_values_are_refused_by_the_schema() {
             "/metrics/serviceMonitor/interval",
         ),
         (
-            &["--set", "metrics.serviceMonitor.relabelings[0].action=rename"],
+            &[
+                "--set",
+                "metrics.serviceMonitor.relabelings[0].action=rename",
+            ],
             "/metrics/serviceMonitor/relabelings/0/action",
         ),
         (
@@ -2274,30 +2340,45 @@ fn bad_values_are_refused_by_the_schema() {
             "/metrics/podMonitor/namespace",
         ),
         (
-            &["--set", "metrics.prometheusRule.alerts.leafUnreachable.for=5 minutes"],
+            &[
+                "--set",
+                "metrics.prometheusRule.alerts.leafUnreachable.for=5 minutes",
+            ],
             "/metrics/prometheusRule/alerts/leafUnreachable/for",
         ),
         (
-            &["--set", "metrics.prometheusRule.alerts.sessionFailures.ratio=2"],
+            &[
+                "--set",
+                "metrics.prometheusRule.alerts.sessionFailures.ratio=2",
+            ],
             "/metrics/prometheusRule/alerts/sessionFailures/ratio",
         ),
         (
-            &["--set", "metrics.prometheusRule.alerts.upgradeLatency.quantile=1"],
+            &[
+                "--set",
+                "metrics.prometheusRule.alerts.upgradeLatency.quantile=1",
+            ],
             "/metrics/prometheusRule/alerts/upgradeLatency/quantile",
         ),
         (
-            &["--set", "metrics.prometheusRule.alerts.leaderNotOne.threshold=2"],
+            &[
+                "--set",
+                "metrics.prometheusRule.alerts.leaderNotOne.threshold=2",
+            ],
             "threshold",
         ),
         (
             &["--set", "metrics.prometheusRule.alertLabels.severity=page"],
-            "/metrics/prometheusRule/alertLabels",
+            "invalid propertyName 'severity'",
         ),
         (
             &["--set", "metrics.prometheusRule.docsUrl=docs/operations.md"],
             "/metrics/prometheusRule/docsUrl",
         ),
-        (&["--set", "dashboards.labelValue=not one"], "/dashboards/labelValue"),
+        (
+            &["--set", "dashboards.labelValue=not one"],
+            "/dashboards/labelValue",
+        ),
         (&["--set", "dashboards.folder=x"], "folder"),
         (
             &["--set", "priorityClassName=Critical_Pods"],

@@ -67,7 +67,10 @@ fn shipped_rule() -> Value {
 
 /// The Grafana dashboard as the chart's ConfigMap carries it.
 fn shipped_dashboard() -> Value {
-    let cm = render("templates/dashboards.yaml", &["--set", "dashboards.enabled=true"]);
+    let cm = render(
+        "templates/dashboards.yaml",
+        &["--set", "dashboards.enabled=true"],
+    );
     let json = cm["data"]["relaylet.json"]
         .as_str()
         .expect("the ConfigMap holds relaylet.json");
@@ -197,15 +200,24 @@ fn the_shipped_alerts_pass_promtool_and_their_unit_tests() {
     for case in tests["tests"].as_array().unwrap() {
         for check in case["alert_rule_test"].as_array().unwrap() {
             let name = check["alertname"].as_str().unwrap().to_string();
-            if check["exp_alerts"].as_array().is_some_and(|a| !a.is_empty()) {
+            if check["exp_alerts"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+            {
                 fires.insert(name);
             } else {
                 quiet.insert(name);
             }
         }
     }
-    assert_eq!(fires, names, "an alert no test fires, or a test of no alert");
-    assert_eq!(quiet, names, "an alert no test keeps quiet, or a test of no alert");
+    assert_eq!(
+        fires, names,
+        "an alert no test fires, or a test of no alert"
+    );
+    assert_eq!(
+        quiet, names,
+        "an alert no test keeps quiet, or a test of no alert"
+    );
 }
 
 #[test]
@@ -216,12 +228,7 @@ fn a_broken_rule_fails_its_promtool_test() {
         for alert in group["rules"].as_array_mut().unwrap() {
             if alert["alert"] == "RelayletLeafUnreachable" {
                 // A probe that answered, read as one that did not.
-                alert["expr"] = json!(
-                    alert["expr"]
-                        .as_str()
-                        .unwrap()
-                        .replace("== 0", "== 1")
-                );
+                alert["expr"] = json!(alert["expr"].as_str().unwrap().replace("== 0", "== 1"));
                 broken += 1;
             }
         }
@@ -230,9 +237,18 @@ fn a_broken_rule_fails_its_promtool_test() {
     let dir = Scratch::new("promtool-broken");
     let out = promtool_on(&rule, &dir.0, &["test", "rules", "alerts-test.yaml"]);
     let said = text(&out);
-    assert!(!out.status.success(), "the unit tests passed a broken rule:\n{said}");
-    assert!(said.contains("alertname: RelayletLeafUnreachable"), "{said}");
-    assert!(!said.contains("alertname: RelayletRootUnreachable"), "{said}");
+    assert!(
+        !out.status.success(),
+        "the unit tests passed a broken rule:\n{said}"
+    );
+    assert!(
+        said.contains("alertname: RelayletLeafUnreachable"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("alertname: RelayletRootUnreachable"),
+        "{said}"
+    );
 }
 
 /// The metric names `expr` (PromQL, or a Grafana variable's query) reads: identifiers that start
@@ -284,7 +300,11 @@ fn dashboard_queries(dashboard: &Value) -> Vec<(String, String)> {
     }
     let mut out = Vec::new();
     panels(&dashboard["panels"], &mut out);
-    for var in dashboard["templating"]["list"].as_array().into_iter().flatten() {
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         let name = var["name"].as_str().unwrap_or("?");
         for query in [&var["definition"], &var["query"], &var["query"]["query"]] {
             if let Some(q) = query.as_str() {
@@ -359,13 +379,20 @@ fn every_series_the_rules_and_the_dashboard_query_is_one_relaylet_exports() {
     let e = support::env(Settings::default);
     let leaves = e.sandbox.leaves.len() as f64;
     let mut body = String::new();
-    support::wait_until("both leaves registered and served", Duration::from_secs(60), || {
-        body = scrape();
-        sample(&body, "relaylet_virtual_nodes_registered") == Some(leaves)
-            && sample(&body, "relaylet_virtual_nodes_served") == Some(leaves)
-    });
+    support::wait_until(
+        "both leaves registered and served",
+        Duration::from_secs(60),
+        || {
+            body = scrape();
+            sample(&body, "relaylet_virtual_nodes_registered") == Some(leaves)
+                && sample(&body, "relaylet_virtual_nodes_served") == Some(leaves)
+        },
+    );
     let mut served = BTreeSet::new();
-    for line in body.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let name = line.split(['{', ' ']).next().unwrap_or_default();
         assert!(
             exported.contains(name),

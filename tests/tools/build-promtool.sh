@@ -26,8 +26,12 @@ if [ ! -x "$dest/promtool" ]; then
     rm -rf "$dest/bin.tmp"
     # As build-k8s.sh: the collector off below 3 GiB, no DWARF, no symbol table. The toolchain
     # is this machine's (no download of another).
+    # `promtool --version` says the release (v0.3MM.P is 3.MM.P).
+    release="${version#v0.}"
+    release="${release:0:1}.$((10#${release:1:2})).${release#*.}"
     GOBIN="$dest/bin.tmp" GOTOOLCHAIN=local GOGC="${GOGC:-off}" GOMEMLIMIT="${GOMEMLIMIT:-3GiB}" \
-      go install -gcflags=all=-dwarf=false -ldflags "-s -w" \
+      go install -gcflags=all=-dwarf=false \
+      -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
       "github.com/prometheus/prometheus/cmd/promtool@$version"
     mv "$dest/bin.tmp/promtool" "$dest/promtool"
     rm -rf "$dest/bin.tmp"
