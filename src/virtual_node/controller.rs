@@ -196,6 +196,9 @@ impl Controller {
         let mut loops = Loops::default();
         loop {
             let current = leaves.borrow_and_update().clone();
+            self.metrics
+                .virtual_nodes_registered
+                .set(current.len() as i64);
             let gone: Vec<String> = loops
                 .0
                 .iter()

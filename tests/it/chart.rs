@@ -9,6 +9,9 @@
 //! permissions relaylet's code uses, and configure the real `relaylet` binary so that its own
 //! `check-config` accepts the result. Bad value sets must be refused by `values.schema.json`.
 //!
+//! The monitoring objects (ServiceMonitor or PodMonitor, PrometheusRule, the Grafana dashboard's
+//! ConfigMap) are checked here as objects; what their queries mean is `monitoring.rs`'s.
+//!
 //! The same checks cover `deploy/`: the plain manifests must be the chart's default render, the
 //! leaf-side RBAC must grant exactly what relaylet relays, and `make-leaf-secret.sh` (driven by
 //! the real kubectl, offline) must mint a kubeconfig that relaylet's own loader accepts.
@@ -20,7 +23,7 @@ use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, Namespace, PodSpec, Secret, Service, ServiceAccount,
+    ConfigMap, Container, EnvVar, Namespace, PodSpec, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -111,6 +114,7 @@ fn value_sets() -> Vec<ValueSet> {
         ValueSet::ci("sidecar"),
         ValueSet::ci("external-identity"),
         ValueSet::ci("host-network"),
+        ValueSet::ci("monitoring"),
     ];
     let on_disk: BTreeSet<PathBuf> = std::fs::read_dir(chart().join("ci"))
         .unwrap()
@@ -300,19 +304,117 @@ struct ServiceMonitor {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct ServiceMonitorSpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace_selector: Option<NamespaceSelector>,
     selector: LabelSelector,
     endpoints: Vec<MonitorEndpoint>,
 }
 
+/// monitoring.coreos.com/v1 PodMonitor: the fields the chart may use.
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PodMonitor {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: PodMonitorSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PodMonitorSpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace_selector: Option<NamespaceSelector>,
+    selector: LabelSelector,
+    pod_metrics_endpoints: Vec<MonitorEndpoint>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct NamespaceSelector {
+    match_names: Vec<String>,
+}
+
+/// A ServiceMonitor's endpoint or a PodMonitor's podMetricsEndpoint (the same fields here).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct MonitorEndpoint {
     port: String,
     path: String,
     scheme: Scheme,
     interval: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scrape_timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    relabelings: Option<Vec<RelabelConfig>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metric_relabelings: Option<Vec<RelabelConfig>>,
+}
+
+/// prometheus-operator's RelabelConfig.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RelabelConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source_labels: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    separator: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target_label: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    regex: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    modulo: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replacement: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    action: Option<String>,
+}
+
+/// monitoring.coreos.com/v1 PrometheusRule: alerting rules only.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PrometheusRule {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: PrometheusRuleSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrometheusRuleSpec {
+    groups: Vec<RuleGroup>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleGroup {
+    name: String,
+    rules: Vec<AlertRule>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlertRule {
+    alert: String,
+    expr: String,
+    #[serde(rename = "for")]
+    for_: String,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+}
+
+impl PrometheusRule {
+    fn alerts(&self) -> impl Iterator<Item = &AlertRule> {
+        self.spec.groups.iter().flat_map(|g| &g.rules)
+    }
+
+    fn alert(&self, name: &str) -> Option<&AlertRule> {
+        self.alerts().find(|a| a.alert == name)
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -338,6 +440,9 @@ struct Rendered {
     network_policies: Vec<NetworkPolicy>,
     certificates: Vec<Certificate>,
     service_monitors: Vec<ServiceMonitor>,
+    pod_monitors: Vec<PodMonitor>,
+    prometheus_rules: Vec<PrometheusRule>,
+    config_maps: Vec<ConfigMap>,
     /// Every object's metadata, for checks that apply to all.
     metas: Vec<(String, ObjectMeta)>,
 }
@@ -373,6 +478,11 @@ impl Rendered {
                 ("monitoring.coreos.com/v1", "ServiceMonitor") => {
                     r.service_monitors.push(exact(&doc))
                 }
+                ("monitoring.coreos.com/v1", "PodMonitor") => r.pod_monitors.push(exact(&doc)),
+                ("monitoring.coreos.com/v1", "PrometheusRule") => {
+                    r.prometheus_rules.push(exact(&doc))
+                }
+                ("v1", "ConfigMap") => r.config_maps.push(exact(&doc)),
                 other => panic!("unexpected object {other:?}"),
             }
         }
@@ -665,6 +775,21 @@ fn expected_permissions(
     g.into_iter().collect()
 }
 
+/// A monitor made in the release namespace selects there; one made elsewhere names it.
+fn check_monitor_namespace(meta: &ObjectMeta, selector: Option<&NamespaceSelector>, set: &str) {
+    match meta.namespace.as_deref() {
+        Some(NAMESPACE) => assert!(selector.is_none(), "{set}: {:?}", meta.name),
+        Some(_) => assert_eq!(
+            selector.map(|s| s.match_names.as_slice()),
+            Some([NAMESPACE.to_string()].as_slice()),
+            "{set}: {:?} in {:?}",
+            meta.name,
+            meta.namespace
+        ),
+        None => panic!("{set}: {:?} has no namespace", meta.name),
+    }
+}
+
 fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     assert!(
         selector.match_expressions.is_none(),
@@ -700,7 +825,6 @@ fn check_invariants(r: &Rendered, set: &str) {
         "PodDisruptionBudget",
         "NetworkPolicy",
         "Certificate",
-        "ServiceMonitor",
     ] {
         for (_, meta) in r.metas.iter().filter(|(k, _)| k == kind) {
             assert_eq!(meta.namespace.as_deref(), Some(NAMESPACE), "{set}: {kind}");
@@ -1007,6 +1131,64 @@ fn check_invariants(r: &Rendered, set: &str) {
         for ep in &sm.spec.endpoints {
             assert!(service_ports.contains(&ep.port), "{set}: {}", ep.port);
         }
+        check_monitor_namespace(&sm.metadata, sm.spec.namespace_selector.as_ref(), set);
+    }
+    // Monitoring: a PodMonitor selects the pods and scrapes a port they name; never both
+    // monitors (every pod would be scraped twice); every object lands in the release namespace
+    // or says where.
+    assert!(
+        r.service_monitors.is_empty() || r.pod_monitors.is_empty(),
+        "{set}: a ServiceMonitor and a PodMonitor"
+    );
+    for pm in &r.pod_monitors {
+        assert!(
+            selector_matches(&pm.spec.selector, &r.pod_labels()),
+            "{set}"
+        );
+        for ep in &pm.spec.pod_metrics_endpoints {
+            assert_eq!(
+                r.container_port(&ep.port),
+                r.container_port("metrics"),
+                "{set}"
+            );
+        }
+        check_monitor_namespace(&pm.metadata, pm.spec.namespace_selector.as_ref(), set);
+    }
+    for rule in &r.prometheus_rules {
+        assert!(rule.alerts().count() > 0, "{set}: an empty PrometheusRule");
+        for alert in rule.alerts() {
+            assert!(
+                alert.labels.contains_key("severity"),
+                "{set}: {}",
+                alert.alert
+            );
+            // Only this install's series: the namespace label its monitor gives them.
+            assert!(
+                alert.expr.contains(&format!("namespace=\"{NAMESPACE}\"")),
+                "{set}: {}: {}",
+                alert.alert,
+                alert.expr
+            );
+            for key in ["summary", "description", "runbook_url"] {
+                assert!(
+                    alert.annotations.get(key).is_some_and(|v| !v.is_empty()),
+                    "{set}: {} has no {key}",
+                    alert.alert
+                );
+            }
+        }
+    }
+    for cm in &r.config_maps {
+        for (key, json) in cm.data.iter().flatten() {
+            assert!(key.ends_with(".json"), "{set}: {key}");
+            let dashboard: Value = serde_json::from_str(json)
+                .unwrap_or_else(|e| panic!("{set}: {key} is not JSON: {e}"));
+            assert!(
+                dashboard["panels"]
+                    .as_array()
+                    .is_some_and(|p| !p.is_empty())
+            );
+        }
     }
 
     // RBAC: nothing wildcard, no Secrets cluster-wide, every binding resolves.
@@ -1096,6 +1278,9 @@ fn every_value_set_lints_and_renders_into_exact_typed_objects() {
 #[test]
 fn defaults_are_ha_and_grant_exactly_what_relaylet_calls() {
     let r = Rendered::render(&ValueSet::defaults());
+    // Monitoring is opt-in: nothing that needs the Prometheus operator or Grafana.
+    assert!(r.service_monitors.is_empty() && r.pod_monitors.is_empty());
+    assert!(r.prometheus_rules.is_empty() && r.config_maps.is_empty());
     let spec = r.deployment().spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(2));
     let rolling = spec
@@ -1260,7 +1445,25 @@ fn cert_manager_issues_the_mounted_certificate_for_the_service_name() {
     {
         assert_eq!(sm_labels.get(k).map(String::as_str), v.as_str());
     }
-    assert_eq!(r.service_monitors[0].spec.endpoints[0].scheme, Scheme::Http);
+    let sm = &r.service_monitors[0];
+    let want = &values["metrics"]["serviceMonitor"];
+    assert_eq!(sm.metadata.namespace.as_deref(), want["namespace"].as_str());
+    let endpoint = &sm.spec.endpoints[0];
+    assert_eq!(endpoint.scheme, Scheme::Http);
+    assert_eq!(endpoint.port, "metrics");
+    assert_eq!(
+        endpoint.scrape_timeout.as_deref(),
+        want["scrapeTimeout"].as_str()
+    );
+    assert_eq!(endpoint.interval, "30s", "the default interval");
+    for (field, got) in [
+        ("relabelings", &endpoint.relabelings),
+        ("metricRelabelings", &endpoint.metric_relabelings),
+    ] {
+        let given: Vec<RelabelConfig> = serde_json::from_value(want[field].clone()).unwrap();
+        assert_eq!(got.as_ref(), Some(&given), "{field}");
+    }
+    assert!(r.pod_monitors.is_empty());
 
     let anti = r
         .pod()
@@ -1278,6 +1481,176 @@ fn cert_manager_issues_the_mounted_certificate_for_the_service_name() {
         anti.preferred_during_scheduling_ignored_during_execution
             .is_none()
     );
+}
+
+#[test]
+fn monitoring_renders_the_pod_monitor_rules_and_dashboard_as_the_values_say() {
+    let set = ValueSet::ci("monitoring");
+    let values = set.file_values();
+    let r = Rendered::render(&set);
+    let want = &values["metrics"];
+
+    assert!(r.service_monitors.is_empty());
+    assert_eq!(r.pod_monitors.len(), 1);
+    let pm = &r.pod_monitors[0];
+    assert_eq!(pm.metadata.namespace.as_deref(), Some("monitoring"));
+    assert_eq!(
+        pm.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("release")
+            .map(String::as_str),
+        Some("prometheus")
+    );
+    let endpoint = &pm.spec.pod_metrics_endpoints[0];
+    assert_eq!(endpoint.port, "metrics");
+    assert_eq!(endpoint.path, "/metrics");
+    assert_eq!(
+        Some(endpoint.interval.as_str()),
+        want["podMonitor"]["interval"].as_str()
+    );
+    assert_eq!(
+        endpoint.scrape_timeout.as_deref(),
+        want["podMonitor"]["scrapeTimeout"].as_str()
+    );
+    for (field, got) in [
+        ("relabelings", &endpoint.relabelings),
+        ("metricRelabelings", &endpoint.metric_relabelings),
+    ] {
+        let given: Vec<RelabelConfig> =
+            serde_json::from_value(want["podMonitor"][field].clone()).unwrap();
+        assert_eq!(got.as_ref(), Some(&given), "{field}");
+    }
+
+    assert_eq!(r.prometheus_rules.len(), 1);
+    let rule = &r.prometheus_rules[0];
+    let tuned = &want["prometheusRule"];
+    assert_eq!(rule.metadata.namespace.as_deref(), Some("monitoring"));
+    assert_eq!(
+        rule.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("release")
+            .map(String::as_str),
+        Some("prometheus")
+    );
+    // Turned off, and only that one.
+    assert!(rule.alert("RelayletAbsent").is_none());
+    assert_eq!(rule.alerts().count(), 12);
+    for alert in rule.alerts() {
+        assert_eq!(
+            alert.labels.get("team").map(String::as_str),
+            Some("platform")
+        );
+        assert!(
+            alert.annotations["runbook_url"]
+                .starts_with("https://docs.example.com/relaylet/docs/operations.md#"),
+            "{}",
+            alert.annotations["runbook_url"]
+        );
+    }
+    let leaf = rule.alert("RelayletLeafUnreachable").unwrap();
+    assert_eq!(leaf.for_, "10m");
+    assert_eq!(leaf.labels["severity"], "critical");
+    let sessions = rule.alert("RelayletSessionFailures").unwrap();
+    assert_eq!(sessions.for_, "15m");
+    assert!(sessions.expr.contains(") > 0.25"), "{}", sessions.expr);
+    assert!(sessions.expr.ends_with(">= 5"), "{}", sessions.expr);
+    let latency = rule.alert("RelayletUpgradeLatencyHigh").unwrap();
+    assert_eq!(
+        (latency.for_.as_str(), latency.labels["severity"].as_str()),
+        ("30m", "info")
+    );
+    assert!(
+        latency.expr.starts_with("histogram_quantile(0.95,"),
+        "{}",
+        latency.expr
+    );
+    assert!(latency.expr.ends_with("> 1.5"), "{}", latency.expr);
+    let expiry = rule.alert("RelayletServingCertificateExpiring").unwrap();
+    assert!(expiry.expr.ends_with("- time() < 86400"), "{}", expiry.expr);
+    // What the values leave alone keeps the defaults.
+    let root = rule.alert("RelayletRootUnreachable").unwrap();
+    assert_eq!(
+        (root.for_.as_str(), root.labels["severity"].as_str()),
+        ("5m", "critical")
+    );
+    assert_eq!(tuned["alerts"]["rootUnreachable"], Value::Null);
+
+    assert_eq!(r.config_maps.len(), 1);
+    let cm = &r.config_maps[0];
+    let dash = &values["dashboards"];
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("monitoring"));
+    let labels = cm.metadata.labels.as_ref().unwrap();
+    assert_eq!(
+        labels.get("grafana_dashboard_relaylet").map(String::as_str),
+        Some("yes")
+    );
+    assert_eq!(labels.get("team").map(String::as_str), Some("platform"));
+    assert!(!labels.contains_key("grafana_dashboard"));
+    assert_eq!(
+        cm.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get("grafana_folder")
+            .map(String::as_str),
+        dash["annotations"]["grafana_folder"].as_str()
+    );
+    // The dashboard is the file the chart ships, whole.
+    let shipped = std::fs::read_to_string(chart().join("dashboards/relaylet.json")).unwrap();
+    assert_eq!(
+        cm.data.as_ref().unwrap()["relaylet.json"],
+        shipped.trim_end(),
+        "the ConfigMap carries charts/relaylet/dashboards/relaylet.json"
+    );
+
+    // The defaults: the sidecar's own label, the release namespace.
+    let r = Rendered::render(&ValueSet::defaults().with(&["--set", "dashboards.enabled=true"]));
+    let cm = &r.config_maps[0];
+    assert_eq!(cm.metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(
+        cm.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("grafana_dashboard")
+            .map(String::as_str),
+        Some("1")
+    );
+    let r = Rendered::render(&ValueSet::defaults().with(&[
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+    ]));
+    assert_eq!(
+        r.prometheus_rules[0].metadata.namespace.as_deref(),
+        Some(NAMESPACE)
+    );
+    assert_eq!(r.prometheus_rules[0].alerts().count(), 13);
+    assert_eq!(
+        r.pod_monitors[0].metadata.namespace.as_deref(),
+        Some(NAMESPACE)
+    );
+    assert!(r.pod_monitors[0].spec.namespace_selector.is_none());
+    assert!(
+        r.pod_monitors[0].spec.pod_metrics_endpoints[0]
+            .scrape_timeout
+            .is_none()
+    );
+
+    // Not both monitors: every pod would be scraped twice and every sum doubled.
+    let both = ValueSet::defaults().with(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+    ]);
+    let err = template(&both).expect_err("a ServiceMonitor and a PodMonitor rendered");
+    assert!(err.contains("enable one, not both"), "{err}");
 }
 
 #[test]
@@ -1941,6 +2314,67 @@ fn bad_values_are_refused_by_the_schema() {
         (&["--set", "rbac.create=yes"], "/rbac/create"),
         (&["--set", "rbac.enabled=false"], "enabled"),
         (&["--set", "hostNetwork=yes"], "/hostNetwork"),
+        // Monitoring.
+        (
+            &["--set", "metrics.podMonitor.scrapeTimeout=10 seconds"],
+            "/metrics/podMonitor/scrapeTimeout",
+        ),
+        (
+            &["--set", "metrics.serviceMonitor.interval=1.5m"],
+            "/metrics/serviceMonitor/interval",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.serviceMonitor.relabelings[0].action=rename",
+            ],
+            "/metrics/serviceMonitor/relabelings/0/action",
+        ),
+        (
+            &["--set", "metrics.podMonitor.namespace=Monitoring"],
+            "/metrics/podMonitor/namespace",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.prometheusRule.alerts.leafUnreachable.for=5 minutes",
+            ],
+            "/metrics/prometheusRule/alerts/leafUnreachable/for",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.prometheusRule.alerts.sessionFailures.ratio=2",
+            ],
+            "/metrics/prometheusRule/alerts/sessionFailures/ratio",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.prometheusRule.alerts.upgradeLatency.quantile=1",
+            ],
+            "/metrics/prometheusRule/alerts/upgradeLatency/quantile",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.prometheusRule.alerts.leaderNotOne.threshold=2",
+            ],
+            "threshold",
+        ),
+        (
+            &["--set", "metrics.prometheusRule.alertLabels.severity=page"],
+            "invalid propertyName 'severity'",
+        ),
+        (
+            &["--set", "metrics.prometheusRule.docsUrl=docs/operations.md"],
+            "/metrics/prometheusRule/docsUrl",
+        ),
+        (
+            &["--set", "dashboards.labelValue=not one"],
+            "/dashboards/labelValue",
+        ),
+        (&["--set", "dashboards.folder=x"], "folder"),
         (
             &["--set", "priorityClassName=Critical_Pods"],
             "/priorityClassName",

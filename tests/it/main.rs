@@ -26,6 +26,7 @@ mod leaf_secrets;
 mod limits;
 mod memory_caps;
 mod metrics;
+mod monitoring;
 mod namespace_caps;
 mod node_reads;
 mod pod_sync;
