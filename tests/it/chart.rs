@@ -17,6 +17,7 @@
 //! the real kubectl, offline) must mint a kubeconfig that relaylet's own loader accepts.
 
 use base64::Engine as _;
+use relaylet_dev::testkit::scratch::Scratch;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -2746,24 +2747,6 @@ fn notes_give_the_apiserver_flag_with_the_configured_type_first() {
             rendered.env_value("PREFERRED-ADDRESS-TYPE"),
             Some(address_type)
         );
-    }
-}
-
-/// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("relaylet-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -22,6 +22,7 @@ use relaylet_dev::sandbox::Settings;
 use serde_json::{Value, json};
 use support::RT;
 use support::metrics::http_get;
+use support::scratch::Scratch;
 
 const NAMESPACE: &str = "relaylet";
 
@@ -118,24 +119,6 @@ fn promtool() -> PathBuf {
     let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
     assert!(path.is_file(), "build-promtool.sh printed {stdout:?}");
     path
-}
-
-/// A directory of its own under the system's temporary one, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("relaylet-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Writes `rule`'s groups as the rules file promtool reads (JSON is YAML) and the unit tests

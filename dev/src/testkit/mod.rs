@@ -10,6 +10,7 @@ pub mod port_forward;
 pub mod process;
 pub mod raw_http;
 pub mod realk8s;
+pub mod scratch;
 pub mod ws_exec;
 
 use std::path::{Path, PathBuf};
