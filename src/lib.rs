@@ -5,11 +5,12 @@
 //! call to that cluster's apiserver, splicing the streams. The parts are mapped in
 //! docs/development.md, "The parts": the folders below, from the bottom up, are `model`,
 //! `config`, `caps`, `ops`, `kube_client`, `certs`, `leaf`, `relay` and `routing`,
-//! `node_server`, `replicas` and `virtual_node`; each folder uses only those below it. This
+//! `node_server`, `replicas`, `virtual_node` and `cli`; each folder uses only those below it. This
 //! file only wires them together.
 
 pub mod caps;
 pub mod certs;
+pub mod cli;
 pub mod config;
 pub mod kube_client;
 pub mod leaf;
