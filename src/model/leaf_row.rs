@@ -15,6 +15,17 @@ pub const PLURAL: &str = "leafclusters";
 /// The label on every row: which install wrote it (the install's namespace).
 pub const OWNER_LABEL: &str = "relaylet.io/owner";
 
+/// The rows' API resource, for kube's dynamic API.
+pub fn api_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: GROUP.to_string(),
+        version: VERSION.to_string(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: KIND.to_string(),
+        plural: PLURAL.to_string(),
+    }
+}
+
 /// A row's `status`. Every field is relaylet's; a reader needs no other object to judge a leaf.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

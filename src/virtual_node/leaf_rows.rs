@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::NodeStatus;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 use super::Controller;
@@ -31,16 +31,6 @@ const ROW_RETRY: Duration = Duration::from_secs(30);
 
 /// The last row a loop applied (or tried to), when, and whether it was written.
 pub(super) type Applied = Option<Box<(LeafStatus, Instant, bool)>>;
-
-fn resource() -> ApiResource {
-    ApiResource {
-        group: leaf_row::GROUP.to_string(),
-        version: leaf_row::VERSION.to_string(),
-        api_version: format!("{}/{}", leaf_row::GROUP, leaf_row::VERSION),
-        kind: leaf_row::KIND.to_string(),
-        plural: leaf_row::PLURAL.to_string(),
-    }
-}
 
 /// A served leaf's row, from the Node status just written.
 pub(super) fn served_status(
@@ -107,7 +97,7 @@ fn refused_reason(refused: &Refused) -> String {
 
 impl Controller {
     fn rows(&self, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.root.clone(), namespace, &resource())
+        Api::namespaced_with(self.root.clone(), namespace, &leaf_row::api_resource())
     }
 
     /// The namespace of the leaf Secrets, where their rows are.

@@ -8,7 +8,7 @@ use relaylet_dev::testkit as support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use relaylet::model::leaf_row::{self, LeafStatus};
 use relaylet_dev::sandbox::{RELAYLET_NAMESPACE, Settings, leaf_secret};
 use support::{Env, RT, Run, describe, text};
@@ -21,14 +21,7 @@ fn env() -> &'static Env {
 }
 
 fn rows(client: kube::Client) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: leaf_row::GROUP.into(),
-        version: leaf_row::VERSION.into(),
-        api_version: format!("{}/{}", leaf_row::GROUP, leaf_row::VERSION),
-        kind: leaf_row::KIND.into(),
-        plural: leaf_row::PLURAL.into(),
-    };
-    Api::namespaced_with(client, RELAYLET_NAMESPACE, &resource)
+    Api::namespaced_with(client, RELAYLET_NAMESPACE, &leaf_row::api_resource())
 }
 
 /// Row `name`'s status once `done` holds for it.
