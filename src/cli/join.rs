@@ -18,7 +18,9 @@ use super::leaf_access::{self, LeafKubeconfig};
 use super::output::Output;
 use super::rows;
 use crate::config::DEFAULT_LEAF_SECRET_LABEL;
-use crate::leaf::{KUBECONFIG_KEY, NODE_NAME_ANNOTATION};
+use crate::leaf::{
+    KUBECONFIG_KEY, NODE_NAME_ANNOTATION, PROXY_CA_KEY, PROXY_CLIENT_CERT_KEY, PROXY_CLIENT_KEY_KEY,
+};
 use crate::model::leaf_row::LeafStatus;
 use crate::model::names::check_dns_label;
 use crate::model::node_overrides::{NODE_LABELS_ANNOTATION, NODE_TAINTS_ANNOTATION};
@@ -34,6 +36,9 @@ built in), a token for it, the leaf Secret in the root; then waits for the leaf'
   --namespace NS           where relaylet watches leaf Secrets (default: relaylet)
   --leaf-server URL        the leaf apiserver as relaylet's pods reach it (default: the context's)
   --proxy-url URL          reach the leaf through this proxy (http://, https://, socks5://)
+  --proxy-ca FILE          PEM CA that verifies an https:// proxy
+  --proxy-client-cert FILE, --proxy-client-key FILE
+                           PEM client certificate and key for an https:// proxy
   --node-name NAME         the virtual Node's name (default: relaylet's prefix and LEAF)
   --node-labels K=V,...    extra labels of the virtual Node
   --node-taints SPEC       taints replacing the default one (key[=value]:Effect,...)
@@ -51,6 +56,9 @@ const TAKES: Takes<'static> = Takes {
         "namespace",
         "leaf-server",
         "proxy-url",
+        "proxy-ca",
+        "proxy-client-cert",
+        "proxy-client-key",
         "node-name",
         "node-labels",
         "node-taints",
@@ -78,13 +86,7 @@ pub async fn run(args: &[String]) -> anyhow::Result<()> {
     let namespace = flags.get("namespace").unwrap_or(DEFAULT_NAMESPACE);
     let token_duration = flags.duration("token-duration", Duration::from_secs(8760 * 3600))?;
     let timeout = flags.duration("timeout", Duration::from_secs(120))?;
-    if let Some(proxy) = flags.get("proxy-url")
-        && !["http://", "https://", "socks5://"]
-            .iter()
-            .any(|s| proxy.starts_with(s))
-    {
-        anyhow::bail!("--proxy-url must start with http://, https:// or socks5://");
-    }
+    let proxy_files = proxy_files(&flags)?;
     let mut out = Output::stderr();
     let leaf = Cluster::of(flags.get("leaf-context"), "leaf").await?;
     let root = Cluster::of(flags.get("root-context"), "root").await?;
@@ -120,28 +122,7 @@ pub async fn run(args: &[String]) -> anyhow::Result<()> {
     .render();
 
     let secret_name = secret_name(name);
-    let mut annotations = serde_json::Map::new();
-    for (flag, key) in [
-        ("node-name", NODE_NAME_ANNOTATION),
-        ("node-labels", NODE_LABELS_ANNOTATION),
-        ("node-taints", NODE_TAINTS_ANNOTATION),
-    ] {
-        if let Some(value) = flags.get(flag) {
-            annotations.insert(key.to_string(), value.into());
-        }
-    }
-    let secret = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": secret_name,
-            "namespace": namespace,
-            "labels": { DEFAULT_LEAF_SECRET_LABEL: name },
-            "annotations": annotations,
-        },
-        "stringData": { KUBECONFIG_KEY: kubeconfig },
-    });
+    let secret = secret_body(&flags, name, namespace, kubeconfig, proxy_files);
     let secrets: Api<Secret> = Api::namespaced(root.client.clone(), namespace);
     let written = secrets
         .patch(
@@ -165,6 +146,79 @@ pub async fn run(args: &[String]) -> anyhow::Result<()> {
         return Ok(());
     }
     wait(&root, namespace, &secret_name, &version, timeout, &mut out).await
+}
+
+/// The Secret's keys beside the kubeconfig: an `https://` proxy's CA and client certificate,
+/// read from the files the flags name.
+fn proxy_files(flags: &Flags) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let proxy = flags.get("proxy-url").unwrap_or_default();
+    if !proxy.is_empty()
+        && !["http://", "https://", "socks5://"]
+            .iter()
+            .any(|s| proxy.starts_with(s))
+    {
+        anyhow::bail!("--proxy-url must start with http://, https:// or socks5://");
+    }
+    let mut out = Vec::new();
+    for (flag, key) in [
+        ("proxy-ca", PROXY_CA_KEY),
+        ("proxy-client-cert", PROXY_CLIENT_CERT_KEY),
+        ("proxy-client-key", PROXY_CLIENT_KEY_KEY),
+    ] {
+        if let Some(path) = flags.get(flag) {
+            if !proxy.starts_with("https://") {
+                anyhow::bail!("--{flag} is for an https:// --proxy-url");
+            }
+            let pem = std::fs::read_to_string(path).with_context(|| format!("--{flag} {path}"))?;
+            out.push((key, pem));
+        }
+    }
+    if proxy.starts_with("https://") && !out.iter().any(|(k, _)| *k == PROXY_CA_KEY) {
+        anyhow::bail!("an https:// --proxy-url needs --proxy-ca");
+    }
+    let has = |key| out.iter().any(|(k, _)| *k == key);
+    if has(PROXY_CLIENT_CERT_KEY) != has(PROXY_CLIENT_KEY_KEY) {
+        anyhow::bail!("--proxy-client-cert and --proxy-client-key go together");
+    }
+    Ok(out)
+}
+
+/// The leaf Secret, as relaylet reads it: labelled with the leaf name, the Node's annotations
+/// from the flags, the kubeconfig and the proxy's files.
+fn secret_body(
+    flags: &Flags,
+    name: &str,
+    namespace: &str,
+    kubeconfig: String,
+    proxy_files: Vec<(&'static str, String)>,
+) -> serde_json::Value {
+    let mut annotations = serde_json::Map::new();
+    for (flag, key) in [
+        ("node-name", NODE_NAME_ANNOTATION),
+        ("node-labels", NODE_LABELS_ANNOTATION),
+        ("node-taints", NODE_TAINTS_ANNOTATION),
+    ] {
+        if let Some(value) = flags.get(flag) {
+            annotations.insert(key.to_string(), value.into());
+        }
+    }
+    let mut data = serde_json::Map::new();
+    data.insert(KUBECONFIG_KEY.to_string(), kubeconfig.into());
+    for (key, pem) in proxy_files {
+        data.insert(key.to_string(), pem.into());
+    }
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": secret_name(name),
+            "namespace": namespace,
+            "labels": { DEFAULT_LEAF_SECRET_LABEL: name },
+            "annotations": annotations,
+        },
+        "stringData": data,
+    })
 }
 
 /// Waits for the row of `secret` at `version` to say Ready (or refused).
@@ -282,6 +336,75 @@ mod tests {
             verdict(&status("7", "Unknown", "Registered", false), "7"),
             Verdict::Waiting("no replica serves its Node yet".into())
         );
+    }
+
+    fn flags(args: &[&str]) -> Flags {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        Flags::parse(&args, &TAKES).unwrap()
+    }
+
+    #[test]
+    fn the_secret_carries_the_node_annotations_and_an_https_proxys_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("PEM of {name}")).unwrap();
+            path.display().to_string()
+        };
+        let (ca, cert, key) = (file("ca"), file("cert"), file("key"));
+        let f = flags(&[
+            "--name",
+            "a",
+            "--node-taints",
+            "",
+            "--proxy-url",
+            "https://konnectivity:8090",
+            "--proxy-ca",
+            &ca,
+            "--proxy-client-cert",
+            &cert,
+            "--proxy-client-key",
+            &key,
+        ]);
+        let secret = secret_body(&f, "a", "ns", "KUBECONFIG".into(), proxy_files(&f).unwrap());
+        assert_eq!(secret["metadata"]["name"], "relaylet-leaf-a");
+        assert_eq!(secret["metadata"]["labels"][DEFAULT_LEAF_SECRET_LABEL], "a");
+        assert_eq!(
+            secret["metadata"]["annotations"][NODE_TAINTS_ANNOTATION],
+            ""
+        );
+        assert_eq!(secret["stringData"][KUBECONFIG_KEY], "KUBECONFIG");
+        assert_eq!(secret["stringData"][PROXY_CA_KEY], "PEM of ca");
+        assert_eq!(secret["stringData"][PROXY_CLIENT_CERT_KEY], "PEM of cert");
+        assert_eq!(secret["stringData"][PROXY_CLIENT_KEY_KEY], "PEM of key");
+
+        for (args, error) in [
+            (
+                vec!["--proxy-url", "ftp://x"],
+                "--proxy-url must start with http://, https:// or socks5://",
+            ),
+            (
+                vec!["--proxy-url", "https://x"],
+                "an https:// --proxy-url needs --proxy-ca",
+            ),
+            (
+                vec!["--proxy-url", "http://x", "--proxy-ca", &ca],
+                "--proxy-ca is for an https:// --proxy-url",
+            ),
+            (
+                vec![
+                    "--proxy-url",
+                    "https://x",
+                    "--proxy-ca",
+                    &ca,
+                    "--proxy-client-cert",
+                    &cert,
+                ],
+                "--proxy-client-cert and --proxy-client-key go together",
+            ),
+        ] {
+            assert_eq!(proxy_files(&flags(&args)).unwrap_err().to_string(), error);
+        }
     }
 
     #[test]

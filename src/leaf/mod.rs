@@ -29,7 +29,9 @@ mod secret_watch;
 mod warm_connector;
 
 pub use cluster::{Leaf, LeafError, proxy_url};
-pub use proxy::{LeafProxy, ProxyTls, error_chain};
+pub use proxy::{
+    LeafProxy, PROXY_CA_KEY, PROXY_CLIENT_CERT_KEY, PROXY_CLIENT_KEY_KEY, ProxyTls, error_chain,
+};
 pub use refusal::SecretRefusal;
 pub use registry::{Refused, Registry, load_static_leaf};
 pub use secret_watch::{
