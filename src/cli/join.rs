@@ -42,7 +42,8 @@ built in), a token for it, the leaf Secret in the root; then waits for the leaf'
   --node-name NAME         the virtual Node's name (default: relaylet's prefix and LEAF)
   --node-labels K=V,...    extra labels of the virtual Node
   --node-taints SPEC       taints replacing the default one (key[=value]:Effect,...)
-  --token-duration D       how long the leaf token lasts (default 8760h; the leaf may cap it)
+  --token-duration D       how long the leaf token lasts (default 168h; relaylet renews it at
+                           LEAF_CREDENTIAL_RENEW_AT; the leaf may cap it)
   --timeout D              how long to wait for the Node (default 2m)
   --no-wait                register and exit
 
@@ -84,7 +85,7 @@ pub async fn run(args: &[String]) -> anyhow::Result<()> {
     let name = flags.required("name")?;
     check_dns_label(name).map_err(|m| anyhow::anyhow!("--name {name:?}: {m}"))?;
     let namespace = flags.get("namespace").unwrap_or(DEFAULT_NAMESPACE);
-    let token_duration = flags.duration("token-duration", Duration::from_secs(8760 * 3600))?;
+    let token_duration = flags.duration("token-duration", Duration::from_secs(168 * 3600))?;
     let timeout = flags.duration("timeout", Duration::from_secs(120))?;
     let proxy_files = proxy_files(&flags)?;
     let mut out = Output::stderr();

@@ -177,7 +177,9 @@ mod tests {
                 "Namespace/relaylet",
                 "ServiceAccount/relaylet-leaf",
                 "ClusterRole/relaylet-leaf",
-                "ClusterRoleBinding/relaylet-leaf"
+                "ClusterRoleBinding/relaylet-leaf",
+                "Role/relaylet-leaf-token",
+                "RoleBinding/relaylet-leaf-token"
             ]
         );
     }

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Taint;
-use k8s_openapi::jiff::Timestamp;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::kube_client::Calls;
 use crate::leaf::clients::LeafClients;
+use crate::leaf::credential::Credential;
 use crate::leaf::dialer::LeafDialer;
 use crate::leaf::proxy::{LeafProxy, ProxySetupError, ProxyTls};
 use crate::model::counterpart::NamespaceMap;
@@ -59,8 +59,8 @@ pub struct Leaf {
     pub host_access: bool,
     /// The leaf Secret it was registered from (none for the `LEAF_KUBECONFIG` leaf): its row.
     pub secret: Option<SecretRef>,
-    /// When its credential expires, if the credential says.
-    pub credential_expires: Option<Timestamp>,
+    /// Its credential: when it expires and whose it is, if the credential says.
+    pub credential: Option<Credential>,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -167,7 +167,7 @@ impl Leaf {
                 source,
             })?;
         let dialer = LeafDialer::new(name, proxy);
-        let credential_expires = crate::leaf::credential::expires(&kubeconfig);
+        let credential = crate::leaf::credential::credential(&kubeconfig);
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
@@ -193,7 +193,7 @@ impl Leaf {
             namespaces: NamespaceMap::default(),
             host_access: false,
             secret: None,
-            credential_expires,
+            credential,
         })
     }
 }

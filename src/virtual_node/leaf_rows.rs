@@ -60,7 +60,7 @@ pub(super) fn served_status(
         node: Some(leaf.node_name.clone()),
         served_by: Some(me.to_string()),
         pods: Some(pods as u64),
-        credential_expires: leaf.credential_expires.map(|t| t.to_string()),
+        credential_expires: leaf.credential.as_ref().map(|c| c.expires.to_string()),
         secret_resource_version: leaf.secret.as_ref().map(|s| s.resource_version.clone()),
     };
     // A newer version of the Secret was refused; the Node goes on from the older one.

@@ -32,9 +32,11 @@
 //! `leaf_watch` (what the leaf says; `leaf_pods` the little kept of its pods, `leaf_objects` the
 //! bounded watch both its nodes and pods are kept by), `rounds` (the grid the loops' rounds fall
 //! on), `leaf_rows` (the `LeafCluster` row beside each leaf Secret: written by the replica
-//! serving its Node, or by the leader for a refused Secret).
+//! serving its Node, or by the leader for a refused Secret), `credential_renewal` (the leaf
+//! token renewed by the replica serving its Node, written back into the leaf Secret).
 
 mod controller;
+mod credential_renewal;
 mod desired;
 mod leaf_loop;
 mod leaf_objects;

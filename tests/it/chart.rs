@@ -765,7 +765,14 @@ fn expected_permissions(
         ));
         g.extend(grant(NAMESPACE, "", "configmaps", "", &["create"]));
     }
-    g.extend(grant(leaf_ns, "", "secrets", "", &["list", "watch"]));
+    // Watched; patched to write a renewed leaf token back (src/virtual_node/credential_renewal.rs).
+    g.extend(grant(
+        leaf_ns,
+        "",
+        "secrets",
+        "",
+        &["list", "watch", "patch"],
+    ));
     g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["create"]));
     // src/virtual_node/leaf_rows.rs: the row beside each leaf Secret.
     g.extend(grant(
@@ -2723,6 +2730,40 @@ fn leaf_rbac_grants_exactly_the_calls_relaylet_makes() {
     }
 }
 
+/// The one namespaced right of a leaf manifest: relaylet's account may request its own tokens
+/// (the renewal of the token in its leaf Secret), nothing else, in its own namespace.
+fn check_token_role(r: &Rendered, ns: &str, sa_name: &str, file: &str) {
+    let role = r
+        .roles
+        .iter()
+        .find(|role| role.metadata.name.as_deref() == Some("relaylet-leaf-token"))
+        .unwrap_or_else(|| panic!("{file}: no Role relaylet-leaf-token"));
+    assert_eq!(role.metadata.namespace.as_deref(), Some(ns), "{file}");
+    let mut grants = BTreeSet::new();
+    add_grants(&mut grants, ns, role.rules.iter().flatten());
+    assert_eq!(
+        grants,
+        grant(ns, "", "serviceaccounts/token", sa_name, &["create"])
+            .into_iter()
+            .collect(),
+        "{file}"
+    );
+    let binding = r
+        .role_bindings
+        .iter()
+        .find(|b| b.role_ref.name == "relaylet-leaf-token")
+        .unwrap_or_else(|| panic!("{file}: no RoleBinding of relaylet-leaf-token"));
+    assert_eq!(binding.metadata.namespace.as_deref(), Some(ns), "{file}");
+    assert_eq!(binding.role_ref.kind, "Role");
+    let subjects: Vec<_> = binding
+        .subjects
+        .iter()
+        .flatten()
+        .map(|s| (s.kind.as_str(), s.name.as_str(), s.namespace.as_deref()))
+        .collect();
+    assert_eq!(subjects, [("ServiceAccount", sa_name, Some(ns))], "{file}");
+}
+
 fn check_leaf_rbac(text: &str, want: &BTreeSet<Grant>, file: &str) {
     let r = Rendered::parse(text);
     assert_eq!(r.namespaces.len(), 1);
@@ -2742,7 +2783,8 @@ fn check_leaf_rbac(text: &str, want: &BTreeSet<Grant>, file: &str) {
         ),
         ("ServiceAccount", sa_name.as_str(), Some(ns.as_str()))
     );
-    assert!(r.roles.is_empty() && r.role_bindings.is_empty());
+    check_token_role(&r, &ns, &sa_name, file);
+    assert_eq!((r.roles.len(), r.role_bindings.len()), (1, 1), "{file}");
     let mut grants = BTreeSet::new();
     let role = r
         .cluster_roles

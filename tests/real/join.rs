@@ -4,7 +4,8 @@
 //! user's kubeconfig holding both contexts. Join makes a Ready Node and says so; a leaf
 //! relaylet cannot reach, or a Secret relaylet refuses, makes it exit non-zero saying why;
 //! status prints the same rows; unjoin leaves no Node, Secret or row in the root and nothing of
-//! relaylet's in the leaf, including the copies of the pods relaylet ran there.
+//! relaylet's in the leaf, including the copies of the pods relaylet ran there. A short-lived
+//! token is renewed by relaylet before it expires, while a session through it carries on.
 
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
@@ -22,6 +23,9 @@ fn world() -> &'static World {
             leaves: &["leaf-1"],
             replicas: 1,
             pod_sync: true,
+            // A 10-minute token (the least a leaf issues) is renewed 30 s after it was issued
+            // (the world's own 24 h tokens after 72 minutes: never here).
+            env: &[("LEAF_CREDENTIAL_RENEW_AT", "5")],
             ..Setup::default()
         })
     })
@@ -158,8 +162,8 @@ fn join_makes_a_ready_node_status_shows_it_and_unjoin_leaves_nothing_behind() {
     assert_eq!(&cells[1..3], ["True", "LeafReady"], "{table}");
     assert!(cells[3].starts_with("v1.35."), "{table}");
     assert_eq!(cells[4], node, "{table}");
-    // The token's expiry, a year out (the default --token-duration).
-    assert_eq!(&cells[7..9], ["in", "365d"], "{table}");
+    // The token's expiry, a week out (the default --token-duration).
+    assert_eq!(&cells[7..9], ["in", "7d"], "{table}");
     // The same rows kubectl shows (the CRD's printer columns on the real apiserver).
     let kubectl_rows = w.root.kubectl_ok(&[
         "get",
@@ -281,4 +285,137 @@ fn join_fails_naming_why_when_relaylet_cannot_reach_the_leaf_or_refuses_its_secr
     let out = relaylet(w, &leaf, &args);
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     w.wait_for_node_ready(&virtual_node("leaf-1"));
+}
+
+/// The row of `secret`'s `status.<field>`, read with kubectl.
+fn row_field(w: &World, secret: &str, field: &str) -> String {
+    w.root.kubectl_ok(&[
+        "get",
+        "leafcluster",
+        "-n",
+        RELAYLET_NAMESPACE,
+        secret,
+        "-o",
+        &format!("jsonpath={{.status.{field}}}"),
+    ])
+}
+
+#[test]
+fn relaylet_renews_a_short_lived_leaf_token_before_it_expires_and_sessions_carry_on() {
+    let w = world();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let leaf = unregistered_leaf(w, "renewed");
+    let node = virtual_node("renewed");
+    let secret = "relaylet-leaf-renewed";
+    let mut args = vec![
+        "join",
+        "--name",
+        "renewed",
+        "--token-duration",
+        "10m",
+        "--timeout",
+        "120s",
+    ];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    let first_expiry = row_field(w, secret, "credentialExpires");
+    assert!(
+        !first_expiry.is_empty(),
+        "the row shows when the token expires"
+    );
+    let secret_token = || {
+        w.root.kubectl_ok(&[
+            "get",
+            "secret",
+            "-n",
+            RELAYLET_NAMESPACE,
+            secret,
+            "-o",
+            "jsonpath={.data.kubeconfig}",
+        ])
+    };
+    let first_secret = secret_token();
+
+    // A session through the leaf before the renewal: it must carry on after it.
+    w.root.kubectl_stdin_ok(
+        &["apply", "-f", "-"],
+        Some(&demo_pod("default", "renewed-app", &node, None)),
+    );
+    eventually("the pod Running in the root", || {
+        w.root.kubectl_ok(&[
+            "get",
+            "pod",
+            "-n",
+            "default",
+            "renewed-app",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]) == "Running"
+    });
+    let mut logs = Command::new(support::realk8s::harness::kubectl_path())
+        .args(["logs", "-f", "-n", "default", "renewed-app"])
+        .env("KUBECONFIG", &w.root.admin_kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl logs -f");
+    let lines = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = lines.clone();
+        let stdout = logs.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    eventually("the log stream's first line", || {
+        !lines.lock().unwrap().is_empty()
+    });
+
+    // Renewed 30 s after the token was issued: a new token in the Secret, a later expiry on
+    // the row, the Node Ready throughout.
+    let renewed_expiry = support::eventually_some("the renewed token's expiry on the row", || {
+        let now = row_field(w, secret, "credentialExpires");
+        (!now.is_empty() && now != first_expiry).then_some(now)
+    });
+    assert!(
+        renewed_expiry > first_expiry,
+        "{renewed_expiry} after {first_expiry}"
+    );
+    assert_ne!(
+        secret_token(),
+        first_secret,
+        "the Secret holds the new token"
+    );
+    assert_ne!(row_field(w, secret, "reason"), "CredentialRenewalFailed");
+    let seen = lines.lock().unwrap().len();
+    eventually("log lines after the renewal on the same stream", || {
+        lines.lock().unwrap().len() > seen + 2
+    });
+    assert!(
+        logs.try_wait().expect("kubectl").is_none(),
+        "the stream is still open"
+    );
+    assert_eq!(
+        w.root.kubectl_ok(&[
+            "get",
+            "node",
+            &node,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"
+        ]),
+        "True"
+    );
+    let _ = logs.kill();
+    let _ = reader.join();
+
+    let mut args = vec!["unjoin", "--name", "renewed", "--timeout", "180s"];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
 }
