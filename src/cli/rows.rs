@@ -112,14 +112,45 @@ pub fn table(rows: &[DynamicObject], now: Timestamp) -> String {
     out
 }
 
-/// `later - earlier` as kubectl shows ages: `45s`, `12m`, `5h`, `3d`.
+/// `later - earlier` as kubectl shows ages (apimachinery's `duration.HumanDuration`): `45s`,
+/// `7m30s`, `5h12m`, `23h`, `6d23h`, `30d`, `2y15d`.
 fn short_age(later: Timestamp, earlier: Timestamp) -> String {
-    let seconds = later.as_second().saturating_sub(earlier.as_second()).max(0);
-    match seconds {
-        s if s < 120 => format!("{s}s"),
-        s if s < 2 * 3600 => format!("{}m", s / 60),
-        s if s < 2 * 86_400 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
+    let seconds = later.as_second() - earlier.as_second();
+    if seconds < -1 {
+        return "<invalid>".into();
+    }
+    let seconds = seconds.max(0);
+    if seconds < 120 {
+        return format!("{seconds}s");
+    }
+    let minutes = seconds / 60;
+    if minutes < 10 {
+        return match seconds % 60 {
+            0 => format!("{minutes}m"),
+            s => format!("{minutes}m{s}s"),
+        };
+    }
+    if minutes < 180 {
+        return format!("{minutes}m");
+    }
+    let hours = seconds / 3600;
+    let days = hours / 24;
+    match hours {
+        h if h < 8 => match minutes % 60 {
+            0 => format!("{h}h"),
+            m => format!("{h}h{m}m"),
+        },
+        h if h < 48 => format!("{h}h"),
+        h if h < 24 * 8 => match h % 24 {
+            0 => format!("{days}d"),
+            rest => format!("{days}d{rest}h"),
+        },
+        h if h < 24 * 365 * 2 => format!("{days}d"),
+        h if h < 24 * 365 * 8 => match days % 365 {
+            0 => format!("{}y", days / 365),
+            rest => format!("{}y{rest}d", days / 365),
+        },
+        _ => format!("{}y", days / 365),
     }
 }
 
@@ -175,7 +206,7 @@ mod tests {
                 "4",
                 "in",
                 "24h",
-                "2h"
+                "120m"
             ]
         );
         assert_eq!(
@@ -189,7 +220,7 @@ mod tests {
                 "<none>",
                 "<none>",
                 "<none>",
-                "2h"
+                "120m"
             ]
         );
         assert!(
@@ -205,9 +236,14 @@ mod tests {
         let base = t("2026-01-01T00:00:00Z");
         for (later, shown) in [
             ("2026-01-01T00:00:45Z", "45s"),
+            ("2026-01-01T00:07:30Z", "7m30s"),
             ("2026-01-01T00:30:00Z", "30m"),
-            ("2026-01-01T05:00:00Z", "5h"),
-            ("2026-01-04T00:00:00Z", "3d"),
+            ("2026-01-01T05:12:00Z", "5h12m"),
+            ("2026-01-01T23:59:59Z", "23h"),
+            ("2026-01-07T23:59:59Z", "6d23h"),
+            ("2026-01-08T00:00:00Z", "7d"),
+            ("2026-01-31T00:00:00Z", "30d"),
+            ("2028-01-16T00:00:00Z", "2y15d"),
         ] {
             assert_eq!(short_age(t(later), base), shown);
         }

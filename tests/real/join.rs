@@ -162,8 +162,43 @@ fn join_makes_a_ready_node_status_shows_it_and_unjoin_leaves_nothing_behind() {
     assert_eq!(&cells[1..3], ["True", "LeafReady"], "{table}");
     assert!(cells[3].starts_with("v1.35."), "{table}");
     assert_eq!(cells[4], node, "{table}");
-    // The token's expiry, a week out (the default --token-duration).
-    assert_eq!(&cells[7..9], ["in", "7d"], "{table}");
+    // The token's expiry, a week out (the default --token-duration) less the seconds since.
+    assert_eq!(&cells[7..9], ["in", "6d23h"], "{table}");
+    // As a kubectl plugin: kubectl runs `kubectl-relaylet` from the PATH with the rest.
+    let plugins = w.dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let plugin = plugins.join("kubectl-relaylet");
+    if !plugin.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_relaylet"), &plugin).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        plugins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut plugin_args = vec!["relaylet"];
+    plugin_args.extend(&status_args);
+    let out = Command::new(support::realk8s::harness::kubectl_path())
+        .args(&plugin_args)
+        .env("PATH", path)
+        .env(
+            "KUBECONFIG",
+            format!(
+                "{}:{}",
+                w.root.admin_kubeconfig.display(),
+                leaf.admin_kubeconfig.display()
+            ),
+        )
+        .output()
+        .expect("kubectl relaylet status");
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    let as_plugin = text(&out.stdout);
+    assert!(
+        as_plugin
+            .lines()
+            .any(|l| l.split_whitespace().take(5).eq(cells[..5].iter().copied())),
+        "kubectl relaylet status:\n{as_plugin}"
+    );
     // The same rows kubectl shows (the CRD's printer columns on the real apiserver).
     let kubectl_rows = w.root.kubectl_ok(&[
         "get",
