@@ -218,8 +218,18 @@ async fn read(
 ) {
     let config =
         watcher::Config::default().fields(&format!("metadata.name={ASSIGNMENT_CONFIGMAP}"));
-    let mut events = watcher(api, config).default_backoff().boxed();
+    follow(watcher(api, config).default_backoff().boxed(), raw, tx).await;
+}
+
+/// [`read`]'s work on the watch's events.
+async fn follow(
+    mut events: impl futures::Stream<Item = Result<watcher::Event<ConfigMap>, watcher::Error>> + Unpin,
+    raw: watch::Sender<Option<Arc<Published>>>,
+    tx: watch::Sender<Option<Arc<Published>>>,
+) {
     let mut pending: Option<Option<Arc<Published>>> = None;
+    // What the list in progress found (`Some(None)`: nothing yet).
+    let mut relisted: Option<Option<Arc<Published>>> = None;
     let settle = tokio::time::sleep(SETTLE);
     tokio::pin!(settle);
     loop {
@@ -234,15 +244,19 @@ async fn read(
             }
         };
         let published = match event {
-            Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => match decode(&cm) {
-                Ok(published) => Some(Arc::new(published)),
-                Err(why) => {
-                    tracing::warn!(configmap = ASSIGNMENT_CONFIGMAP, %why, "the published assignment cannot be read: each replica follows its own until the leader writes it again");
-                    None
-                }
-            },
+            Ok(watcher::Event::Apply(cm)) => readable(&cm),
             Ok(watcher::Event::Delete(_)) => None,
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+            // A (re)list stands for itself: a ConfigMap deleted while the watch was down is
+            // gone once the list says so, not kept as last seen.
+            Ok(watcher::Event::Init) => {
+                relisted = Some(None);
+                continue;
+            }
+            Ok(watcher::Event::InitApply(cm)) => {
+                relisted = Some(readable(&cm));
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => relisted.take().flatten(),
             Err(err) => {
                 tracing::debug!(%err, "watching the published assignment (retrying)");
                 continue;
@@ -251,6 +265,17 @@ async fn read(
         send_if_new(&raw, published.clone());
         pending = Some(published);
         settle.as_mut().reset(tokio::time::Instant::now() + SETTLE);
+    }
+}
+
+/// The publication `cm` holds, if it can be read as one.
+fn readable(cm: &ConfigMap) -> Option<Arc<Published>> {
+    match decode(cm) {
+        Ok(published) => Some(Arc::new(published)),
+        Err(why) => {
+            tracing::warn!(configmap = ASSIGNMENT_CONFIGMAP, %why, "the published assignment cannot be read: each replica follows its own until the leader writes it again");
+            None
+        }
     }
 }
 
@@ -366,6 +391,41 @@ mod tests {
             .iter()
             .map(|(n, r)| (Arc::from(*n), Arc::from(*r)))
             .collect()
+    }
+
+    /// A ConfigMap deleted while the watch was down: the relist that finds nothing withdraws
+    /// the publication (before, the last one seen was followed until the next write).
+    #[tokio::test(start_paused = true)]
+    async fn a_relist_that_finds_nothing_withdraws_the_publication() {
+        let cm = encode("relaylet-0", 3, &assignment(&[("n1", "relaylet-0")]));
+        let events = futures::stream::iter(vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(cm)),
+            Ok(watcher::Event::InitDone),
+        ])
+        .chain(futures::stream::pending());
+        let (raw, tx) = (watch::Sender::new(None), watch::Sender::new(None));
+        let mut seen = tx.subscribe();
+        let task = tokio::spawn(follow(events.boxed(), raw.clone(), tx.clone()));
+        tokio::time::timeout(Duration::from_secs(60), seen.changed())
+            .await
+            .expect("the publication is followed")
+            .unwrap();
+        assert_eq!(seen.borrow().as_ref().map(|p| p.generation), Some(3));
+        task.abort();
+
+        // The watch restarts; the ConfigMap is gone.
+        let events =
+            futures::stream::iter(vec![Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+                .chain(futures::stream::pending());
+        let task = tokio::spawn(follow(events.boxed(), raw.clone(), tx.clone()));
+        tokio::time::timeout(Duration::from_secs(60), seen.changed())
+            .await
+            .expect("the deleted publication is still followed")
+            .unwrap();
+        assert!(seen.borrow().is_none());
+        assert!(raw.borrow().is_none());
+        task.abort();
     }
 
     #[test]
