@@ -4,10 +4,11 @@ use std::process::ExitCode;
 
 use relaylet::config::Config;
 
-const USAGE: &str = "usage: relaylet [serve | check-config]
+const USAGE: &str = "usage: relaylet [serve | check-config | check]
 
   serve         (default) run as a virtual node's kubelet; configured by env vars (docs/install.md)
   check-config  validate the env vars and exit (0 when relaylet would start with them)
+  check         check an install from the root: pods Ready, each leaf's Node Ready (check --help)
 
 The sandbox and the benchmark are in the workspace's relaylet-dev crate (cargo run -p relaylet-dev).";
 
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
                 println!("configuration ok: {config:?}");
             })
             .map_err(anyhow::Error::from),
+        Some("check") => runtime.block_on(relaylet::cli::check(&args[1..])),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())

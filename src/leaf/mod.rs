@@ -27,8 +27,9 @@ mod warm_connector;
 
 pub use cluster::{Leaf, LeafError, proxy_url};
 pub use proxy::{LeafProxy, ProxyTls, error_chain};
-pub use refusal::SecretRefusal;
+pub use refusal::{EVENT_REASON as REFUSAL_EVENT_REASON, SecretRefusal};
 pub use registry::{Registry, load_static_leaf};
 pub use secret_watch::{
-    HOST_ACCESS_ANNOTATION, KUBECONFIG_KEY, NODE_NAME_ANNOTATION, SecretSource, watch_secrets,
+    HOST_ACCESS_ANNOTATION, KUBECONFIG_KEY, NODE_NAME_ANNOTATION, SecretSource, secret_names,
+    watch_secrets,
 };
