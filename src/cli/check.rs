@@ -263,7 +263,10 @@ fn pod_conditions(pod: &Pod) -> impl Iterator<Item = (&str, &str)> {
         .map(|c| (c.type_.as_str(), c.status.as_str()))
 }
 
-fn condition_true<'a>(mut conditions: impl Iterator<Item = (&'a str, &'a str)>, kind: &str) -> bool {
+fn condition_true<'a>(
+    mut conditions: impl Iterator<Item = (&'a str, &'a str)>,
+    kind: &str,
+) -> bool {
     conditions.any(|(t, s)| t == kind && s == "True")
 }
 
@@ -286,7 +289,10 @@ fn leaf_line(scope: &Scope, seen: &Observed, secret: &ObjectMeta) -> Line {
     };
     let Some(node) = nodes.get(&node_name) else {
         return failed(match refusal {
-            Some(r) => format!("{about}: no Node; relaylet refused the Secret: {}", r.said()),
+            Some(r) => format!(
+                "{about}: no Node; relaylet refused the Secret: {}",
+                r.said()
+            ),
             None => format!(
                 "{about}: no Node, and no refusal Event on the Secret (is relaylet watching {} with label {}?)",
                 scope.leaf_namespace, scope.leaf_label
@@ -327,12 +333,10 @@ fn leaf_line(scope: &Scope, seen: &Observed, secret: &ObjectMeta) -> Line {
             // Node is another Secret's (an older one kept the names).
             let since = c.last_transition_time.as_ref().map(|t| t.0);
             match refusal {
-                Some(r) if r.current && since.is_none_or(|since| r.at > since) => {
-                    failed(format!(
-                        "{about}: the Node is Ready but relaylet refused this Secret: {}",
-                        r.said()
-                    ))
-                }
+                Some(r) if r.current && since.is_none_or(|since| r.at > since) => failed(format!(
+                    "{about}: the Node is Ready but relaylet refused this Secret: {}",
+                    r.said()
+                )),
                 _ => passed(format!("{about}: Ready")),
             }
         }
@@ -429,7 +433,11 @@ pub async fn check(args: &[String]) -> anyhow::Result<()> {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if let Some(waiting) = lines.iter().find(|l| l.status != Status::Passed) {
             out.waiting(
-                &format!("waiting (up to {} s more): {}", left.as_secs(), waiting.text),
+                &format!(
+                    "waiting (up to {} s more): {}",
+                    left.as_secs(),
+                    waiting.text
+                ),
                 &mut last,
             );
         }
@@ -490,5 +498,400 @@ async fn observe(root: &Client, scope: &Scope) -> Observed {
             })
             .map_err(text),
         refusals: refusals.map(|l| l.items).map_err(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn scope() -> Scope {
+        Scope {
+            namespace: "relaylet".into(),
+            selector: "app.kubernetes.io/name=relaylet,app.kubernetes.io/instance=relaylet".into(),
+            leaf_namespace: "relaylet".into(),
+            leaf_label: DEFAULT_LEAF_SECRET_LABEL.into(),
+            node_name_prefix: "relaylet-".into(),
+        }
+    }
+
+    fn pod(name: &str, ready: bool) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "relaylet"},
+            "status": {
+                "phase": if ready { "Running" } else { "Pending" },
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            },
+        }))
+        .expect("a pod")
+    }
+
+    fn secret(name: &str, leaf: &str, annotations: serde_json::Value) -> ObjectMeta {
+        serde_json::from_value(json!({
+            "name": name, "namespace": "relaylet", "uid": format!("uid-{name}"),
+            "resourceVersion": "7",
+            "labels": {DEFAULT_LEAF_SECRET_LABEL: leaf},
+            "annotations": annotations,
+        }))
+        .expect("a Secret's metadata")
+    }
+
+    /// A Node of relaylet's for `leaf`, owned by `owner`, Ready `ready` since 12:00.
+    fn node(name: &str, leaf: &str, owner: &str, ready: &str) -> (String, Node) {
+        let node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {
+                LEAF_LABEL: leaf, "relaylet.io/owner": owner,
+                "app.kubernetes.io/managed-by": "relaylet",
+            }},
+            "status": {"conditions": [{
+                "type": "Ready", "status": ready,
+                "reason": if ready == "True" { "LeafReachable" } else { "LeafUnreachable" },
+                "message": "dial tcp 10.9.9.9:6443: connect: connection refused\nsecond line",
+                "lastTransitionTime": "2026-11-29T12:00:00Z",
+            }]},
+        }))
+        .expect("a Node");
+        (name.to_string(), node)
+    }
+
+    fn refusal(secret: &str, resource_version: &str, at: &str, note: &str) -> Event {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{secret}.1"), "namespace": "relaylet"},
+            "eventTime": at,
+            "reason": REFUSAL_EVENT_REASON, "type": "Warning", "note": note,
+            "regarding": {"kind": "Secret", "name": secret, "namespace": "relaylet",
+                "uid": format!("uid-{secret}"), "resourceVersion": resource_version},
+        }))
+        .expect("an Event")
+    }
+
+    struct Case {
+        name: &'static str,
+        pods: Vec<Pod>,
+        secrets: Vec<ObjectMeta>,
+        nodes: Vec<(String, Node)>,
+        events: Vec<Event>,
+        /// Each line's start, in order.
+        lines: Vec<&'static str>,
+        settled: bool,
+        passed: bool,
+    }
+
+    #[test]
+    fn lines_and_verdict_from_what_was_read() {
+        let ready_pods = || vec![pod("relaylet-a", true), pod("relaylet-b", true)];
+        let leaf_1 = || secret("relaylet-leaf-leaf-1", "leaf-1", json!({}));
+        let cases = vec![
+            Case {
+                name: "a fresh install: pods Ready, no leaf yet",
+                pods: ready_pods(),
+                secrets: vec![],
+                nodes: vec![],
+                events: vec![],
+                lines: vec![
+                    "ok   relaylet pods: 2 of 2 Ready (app.kubernetes.io/name=relaylet,app.kubernetes.io/instance=relaylet in namespace relaylet)",
+                    "ok   leaf Secrets: none labelled relaylet.io/leaf-cluster in namespace relaylet",
+                ],
+                settled: true,
+                passed: true,
+            },
+            Case {
+                name: "every leaf's Node Ready",
+                pods: ready_pods(),
+                secrets: vec![
+                    leaf_1(),
+                    secret(
+                        "leaf-two",
+                        "leaf-2",
+                        json!({"relaylet.io/node-name": "relaylet-second"}),
+                    ),
+                ],
+                nodes: vec![
+                    node("relaylet-leaf-1", "leaf-1", "relaylet", "True"),
+                    node("relaylet-second", "leaf-2", "relaylet", "True"),
+                ],
+                events: vec![],
+                lines: vec![
+                    "ok   relaylet pods: 2 of 2",
+                    "ok   leaf leaf-2 (Secret leaf-two, Node relaylet-second): Ready",
+                    "ok   leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): Ready",
+                ],
+                settled: true,
+                passed: true,
+            },
+            Case {
+                name: "one pod of two not Ready: passes, but is waited for",
+                pods: vec![pod("relaylet-a", true), pod("relaylet-b", false)],
+                secrets: vec![],
+                nodes: vec![],
+                events: vec![],
+                lines: vec![
+                    "ok   relaylet pods: 1 of 2 Ready (app.kubernetes.io/name=relaylet,app.kubernetes.io/instance=relaylet in namespace relaylet); not Ready: relaylet-b (Pending)",
+                    "ok   leaf Secrets: none",
+                ],
+                settled: false,
+                passed: true,
+            },
+            Case {
+                name: "no pod Ready, or none at all",
+                pods: vec![pod("relaylet-a", false)],
+                secrets: vec![],
+                nodes: vec![],
+                events: vec![],
+                lines: vec![
+                    "FAIL relaylet pods: 0 of 1 Ready",
+                    "ok   leaf Secrets: none",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "a leaf's Node NotReady: its condition, the leaf's text quoted on one line",
+                pods: ready_pods(),
+                secrets: vec![leaf_1()],
+                nodes: vec![node("relaylet-leaf-1", "leaf-1", "relaylet", "False")],
+                events: vec![],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): not Ready (False): LeafUnreachable: dial tcp 10.9.9.9:6443: connect: connection refused",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "a refused Secret: no Node, the Event's note",
+                pods: ready_pods(),
+                secrets: vec![leaf_1()],
+                nodes: vec![],
+                events: vec![refusal(
+                    "relaylet-leaf-leaf-1",
+                    "7",
+                    "2026-11-29T12:00:00.000000Z",
+                    "kubeconfig: user \"u\" has an exec plugin",
+                )],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node; relaylet refused the Secret: kubeconfig: user \"u\" has an exec plugin",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "a refusal of an earlier version is said so",
+                pods: ready_pods(),
+                secrets: vec![leaf_1()],
+                nodes: vec![],
+                events: vec![refusal(
+                    "relaylet-leaf-leaf-1",
+                    "3",
+                    "2026-11-29T12:00:00.000000Z",
+                    "no \"kubeconfig\" key",
+                )],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node; relaylet refused the Secret: no \"kubeconfig\" key (about an earlier version of the Secret)",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "no Node and no Event: not seen yet",
+                pods: ready_pods(),
+                secrets: vec![leaf_1()],
+                nodes: vec![],
+                events: vec![],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node, and no refusal Event",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "a Ready Node whose names an older Secret kept: this one's refusal came after",
+                pods: ready_pods(),
+                secrets: vec![leaf_1()],
+                nodes: vec![node("relaylet-leaf-1", "leaf-1", "relaylet", "True")],
+                events: vec![refusal(
+                    "relaylet-leaf-leaf-1",
+                    "7",
+                    "2026-11-29T12:05:00.000000Z",
+                    "leaf name \"leaf-1\" is already used by leaf Secret old",
+                )],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): the Node is Ready but relaylet refused this Secret: leaf name",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "a refusal before the Node turned Ready (a retried node check) is past",
+                pods: ready_pods(),
+                secrets: vec![leaf_1()],
+                nodes: vec![node("relaylet-leaf-1", "leaf-1", "relaylet", "True")],
+                events: vec![refusal(
+                    "relaylet-leaf-leaf-1",
+                    "7",
+                    "2026-11-29T11:59:00.000000Z",
+                    "checking whether Node \"relaylet-leaf-1\" exists: timeout",
+                )],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "ok   leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): Ready",
+                ],
+                settled: true,
+                passed: true,
+            },
+            Case {
+                name: "another install's Node, another leaf's Node",
+                pods: ready_pods(),
+                secrets: vec![leaf_1(), secret("b", "leaf-b", json!({}))],
+                nodes: vec![
+                    node("relaylet-leaf-1", "leaf-1", "other-ns", "True"),
+                    node("relaylet-leaf-b", "leaf-x", "relaylet", "True"),
+                ],
+                events: vec![],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf leaf-b (Secret b, Node relaylet-leaf-b): the Node is leaf \"leaf-x\"'s",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): the Node belongs to the relaylet install in namespace other-ns",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "names relaylet refuses by its own rules, before any Event",
+                pods: ready_pods(),
+                secrets: vec![
+                    secret("bad", "Leaf_1", json!({})),
+                    secret(
+                        "evil",
+                        "e",
+                        json!({"relaylet.io/node-name": "kubernetes.default.svc"}),
+                    ),
+                ],
+                nodes: vec![],
+                events: vec![],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf Secret bad: refused by relaylet's rules: label relaylet.io/leaf-cluster: \"Leaf_1\" must be a DNS label",
+                    "FAIL leaf Secret evil: refused by relaylet's rules: annotation relaylet.io/node-name: \"kubernetes.default.svc\" must be NODE_NAME_PREFIX",
+                ],
+                settled: false,
+                passed: false,
+            },
+        ];
+        for case in cases {
+            let seen = Observed {
+                pods: Ok(case.pods),
+                secrets: Ok(case.secrets),
+                nodes: Ok(case.nodes.into_iter().collect()),
+                refusals: Ok(case.events),
+            };
+            let lines = judge(&scope(), &seen);
+            let shown: Vec<String> = lines.iter().map(ToString::to_string).collect();
+            assert_eq!(shown.len(), case.lines.len(), "{}: {shown:#?}", case.name);
+            for (line, start) in shown.iter().zip(&case.lines) {
+                assert!(
+                    line.starts_with(start),
+                    "{}: {line:?} should start {start:?}",
+                    case.name
+                );
+                assert!(!line.contains('\n'), "{}: one line: {line:?}", case.name);
+            }
+            assert_eq!(
+                settled(&lines),
+                case.settled,
+                "{}: settled {shown:#?}",
+                case.name
+            );
+            assert_eq!(
+                passed_all(&lines),
+                case.passed,
+                "{}: passed {shown:#?}",
+                case.name
+            );
+        }
+    }
+
+    #[test]
+    fn reads_that_fail_are_failed_lines() {
+        let seen = Observed {
+            pods: Err("pods is forbidden: cannot list".into()),
+            secrets: Ok(vec![secret("s", "leaf-1", json!({}))]),
+            nodes: Err("nodes is forbidden".into()),
+            refusals: Err("events.events.k8s.io is forbidden".into()),
+        };
+        let shown: Vec<String> = judge(&scope(), &seen)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "FAIL relaylet pods: listing app.kubernetes.io/name=relaylet,app.kubernetes.io/instance=relaylet in namespace relaylet: pods is forbidden: cannot list",
+                "FAIL leaf leaf-1 (Secret s, Node relaylet-leaf-1): listing Nodes: nodes is forbidden",
+                "ok   (the Events that say why relaylet refused a Secret could not be read: events.events.k8s.io is forbidden)",
+            ]
+        );
+        let secrets_forbidden = Observed {
+            pods: Ok(vec![pod("p", true)]),
+            secrets: Err("secrets is forbidden".into()),
+            nodes: Ok(BTreeMap::new()),
+            refusals: Ok(vec![]),
+        };
+        let lines = judge(&scope(), &secrets_forbidden);
+        assert!(!passed_all(&lines));
+        assert_eq!(
+            lines[1].to_string(),
+            "FAIL leaf Secrets: listing those labelled relaylet.io/leaf-cluster in namespace relaylet: secrets is forbidden"
+        );
+    }
+
+    #[test]
+    fn arguments() {
+        let args = |a: &[&str]| Args::parse(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let parsed = args(&[
+            "--namespace",
+            "ops",
+            "--selector=app=r",
+            "--leaf-label",
+            "example.com/leaf",
+            "--leaf-namespace=leaves",
+            "--node-name-prefix",
+            "vk-",
+            "--timeout",
+            "30s",
+        ])
+        .expect("parses");
+        assert_eq!(
+            parsed,
+            Args {
+                namespace: Some("ops".into()),
+                selector: "app=r".into(),
+                leaf_namespace: Some("leaves".into()),
+                leaf_label: "example.com/leaf".into(),
+                node_name_prefix: "vk-".into(),
+                timeout: Duration::from_secs(30),
+            }
+        );
+        let defaults = args(&["-l", "app=r"]).expect("parses");
+        assert_eq!(defaults.timeout, Duration::from_secs(120));
+        assert_eq!(defaults.leaf_label, "relaylet.io/leaf-cluster");
+        assert_eq!(defaults.namespace, None);
+        for (bad, says) in [
+            (&["--namespace", "x"][..], "--selector is required"),
+            (&["-l", "a=b", "--timeout", "soon"][..], "--timeout: "),
+            (&["-l", "a=b", "--color"][..], "--color needs a value"),
+            (
+                &["-l", "a=b", "--color", "x"][..],
+                "unknown flag \"--color\"",
+            ),
+        ] {
+            let err = args(bad).expect_err("refused");
+            assert!(err.starts_with(says), "{bad:?}: {err}");
+        }
     }
 }

@@ -9,5 +9,5 @@
 mod check;
 mod output;
 
-pub use check::check;
+pub use check::{Args as CheckArgs, check};
 pub use output::Output;
