@@ -50,12 +50,16 @@ fn world() -> &'static World {
             "extraContainers[0].securityContext.capabilities.drop={ALL}",
             // The failing run waits this long for the unready leaf before it fails.
             "helmTest.timeout=20s",
+            // OpenShift's order (InternalIP only, docs/install.md): the root apiserver reaches
+            // the real root node's kubelet (`helm test --logs`) at its address, not its name.
+            "nodeServer.preferredAddressType=InternalIP",
         ];
         let w = World::start(Setup {
             leaves: &["leaf-1"],
             replicas: 0,
             helm_replicas: 1,
             chart_values: VALUES,
+            root_address_order: "InternalIP,ExternalIP,Hostname",
             root_version: K8s::V1_35,
             leaf_version: K8s::V1_35,
             ..Setup::default()
@@ -368,7 +372,8 @@ fn helm_test_passes_and_fails_naming_the_leaf_that_is_not_ready() {
     assert!(
         log.lines().any(|l| l.starts_with(
             "FAIL leaf gone (Secret relaylet-leaf-gone, Node relaylet-gone): not Ready (False): "
-        ) && l.contains("127.0.0.1:1")),
+        ) && l
+            .contains("LeafUnreachable: leaf cluster apiserver is not reachable")),
         "the failed hook's log names the leaf and why: {log}"
     );
     assert!(
