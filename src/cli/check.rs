@@ -430,12 +430,13 @@ pub async fn check(args: &[String]) -> anyhow::Result<()> {
         if settled(&lines) || tokio::time::Instant::now() + ROUND > deadline {
             break lines;
         }
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        // Without a countdown: off a terminal, a line is printed only when what is waited for
+        // changes.
         if let Some(waiting) = lines.iter().find(|l| l.status != Status::Passed) {
             out.waiting(
                 &format!(
-                    "waiting (up to {} s more): {}",
-                    left.as_secs(),
+                    "waiting (up to {} s) for: {}",
+                    args.timeout.as_secs(),
                     waiting.text
                 ),
                 &mut last,
@@ -444,7 +445,7 @@ pub async fn check(args: &[String]) -> anyhow::Result<()> {
         tokio::time::sleep(ROUND).await;
     };
     if !last.is_empty() {
-        out.done("done waiting");
+        out.done("done waiting; where it stands:");
     }
     for line in &lines {
         println!("{line}");
