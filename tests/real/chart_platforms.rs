@@ -366,6 +366,12 @@ fn helm_test_passes_and_fails_naming_the_leaf_that_is_not_ready() {
         "{}",
         shown(&out)
     );
+    assert!(
+        text(&out.stdout)
+            .contains("FAIL leaf gone (Secret relaylet-leaf-gone, Node relaylet-gone)"),
+        "helm prints the failed hook's log, naming the leaf: {}",
+        shown(&out)
+    );
     let log = w
         .root
         .kubectl_ok(&["logs", "relaylet-test", "-n", RELAYLET_NAMESPACE]);
