@@ -275,6 +275,36 @@ fn an_assigned_uid_and_a_sidecar_run_and_relay() {
     support::realk8s::websocket_calls::exec_with_stdin_stderr_and_exit_code(w, &k, "demo");
 }
 
+/// A leaf Secret relaylet refuses: its kubeconfig's user names an exec plugin.
+const REFUSED_SECRET: &str = r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: relaylet-leaf-refused
+  namespace: relaylet
+  labels:
+    relaylet.io/leaf-cluster: refused
+stringData:
+  kubeconfig: |
+    apiVersion: v1
+    kind: Config
+    clusters:
+    - name: c
+      cluster:
+        server: https://127.0.0.1:1
+    users:
+    - name: u
+      user:
+        exec:
+          apiVersion: client.authentication.k8s.io/v1
+          command: /bin/true
+    contexts:
+    - name: c
+      context:
+        cluster: c
+        user: u
+    current-context: c
+"#;
+
 /// `helm test <release>`: its output and exit status.
 fn helm_test(w: &World) -> Output {
     let helm = relaylet_sim::tools::helm().expect("helm: run tests/tools/install.sh");
@@ -304,9 +334,10 @@ fn shown(out: &Output) -> String {
 
 /// `helm test` runs the chart's hook (`relaylet check` in the image, with the release's
 /// ServiceAccount and securityContexts): it passes with the check's lines in its log; with a
-/// leaf Secret whose apiserver relaylet's pod cannot reach, it fails, its log (the failed pod
-/// is kept) naming that leaf and its Node's condition while the good leaf still passes; with
-/// the Secret gone it passes again.
+/// leaf Secret whose apiserver relaylet's pod cannot reach and one relaylet refuses, it fails,
+/// its log (the failed pod is kept) naming the first leaf and its Node's condition, and the
+/// second with the refusal Event's note, while the good leaf still passes; with both Secrets
+/// gone it passes again.
 #[test]
 fn helm_test_passes_and_fails_naming_the_leaf_that_is_not_ready() {
     let w = world();
@@ -353,6 +384,32 @@ fn helm_test_passes_and_fails_naming_the_leaf_that_is_not_ready() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(ready, "False", "relaylet-gone is made, NotReady");
+    // And a Secret relaylet refuses (its kubeconfig names an exec plugin): no Node, a Warning
+    // Event on the Secret, which the hook reads (the chart lets its ServiceAccount list them).
+    w.root
+        .kubectl_stdin_ok(&["apply", "-f", "-"], Some(REFUSED_SECRET));
+    let mut events = String::new();
+    for _ in 0..300 {
+        events = root_get(
+            w,
+            &[
+                "events.v1.events.k8s.io",
+                "-n",
+                RELAYLET_NAMESPACE,
+                "--field-selector",
+                "reason=LeafSecretRefused",
+            ],
+            "{.items[?(@.regarding.name==\"relaylet-leaf-refused\")].note}",
+        );
+        if !events.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        events.contains("exec is not allowed"),
+        "refused: {events:?}"
+    );
     let started = std::time::Instant::now();
     let out = helm_test(w);
     eprintln!(
@@ -386,7 +443,13 @@ fn helm_test_passes_and_fails_naming_the_leaf_that_is_not_ready() {
         log.contains("ok   leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): Ready"),
         "{log}"
     );
-    assert!(log.contains("check: 1 of 3 checks failed"), "{log}");
+    assert!(
+        log.lines().any(|l| l.starts_with(
+            "FAIL leaf refused (Secret relaylet-leaf-refused, Node relaylet-refused): no Node; relaylet refused the Secret: kubeconfig user \"u\": exec is not allowed"
+        )),
+        "the refusal Event's note, read by the hook: {log}"
+    );
+    assert!(log.contains("check: 2 of 4 checks failed"), "{log}");
     let phase = root_get(
         w,
         &["pod", "relaylet-test", "-n", RELAYLET_NAMESPACE],
@@ -397,6 +460,7 @@ fn helm_test_passes_and_fails_naming_the_leaf_that_is_not_ready() {
     w.root.kubectl_ok(&[
         "delete",
         "secret",
+        "relaylet-leaf-refused",
         "relaylet-leaf-gone",
         "-n",
         RELAYLET_NAMESPACE,
