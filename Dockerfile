@@ -28,7 +28,9 @@ RUN mkdir -p src sim/src dev/src \
     && rm -rf src target/release/relaylet target/release/deps/relaylet-* \
         target/release/deps/librelaylet-* target/release/.fingerprint/relaylet-*
 
-# The code. Touch it so cargo never mistakes it for the stubs built above.
+# The code. Touch it so cargo never mistakes it for the stubs built above. `relaylet join`
+# embeds the leaf manifest.
+COPY deploy/leaf-rbac.yaml deploy/leaf-rbac.yaml
 COPY src src
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --package relaylet \

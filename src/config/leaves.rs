@@ -84,6 +84,20 @@ pub(super) fn static_leaf(vars: &mut Vars<'_>) -> Option<StaticLeaf> {
     }
 }
 
+/// `LEAF_CREDENTIAL_RENEW_AT`: when, in percent of its life, the replica serving a leaf asks
+/// the leaf for a new token of its ServiceAccount (80, as the kubelet renews projected tokens).
+pub(super) fn leaf_credential_renew_at(vars: &mut Vars<'_>) -> u8 {
+    match vars.get("LEAF_CREDENTIAL_RENEW_AT") {
+        None => 80,
+        Some(raw) => vars.parse("LEAF_CREDENTIAL_RENEW_AT", &raw, 80, |v| {
+            v.parse::<u8>()
+                .ok()
+                .filter(|p| (1..=99).contains(p))
+                .ok_or_else(|| format!("{v:?} is not a percentage from 1 to 99"))
+        }),
+    }
+}
+
 /// `LEAF_POD_MATCH` and `LEAF_POD_MARKER`.
 pub(super) fn leaf_pod_match(vars: &mut Vars<'_>) -> LeafPodMatch {
     let mode = vars.get("LEAF_POD_MATCH");

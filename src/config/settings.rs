@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::auth::{AuthMode, auth_mode, x509_allowed_users};
 use super::leaves::{
-    DEFAULT_LEAF_SECRET_LABEL, LeafBounds, PodApiserver, StaticLeaf, leaf_bounds, leaf_pod_match,
-    leaf_pod_sync, pod_apiserver, static_leaf,
+    DEFAULT_LEAF_SECRET_LABEL, LeafBounds, PodApiserver, StaticLeaf, leaf_bounds,
+    leaf_credential_renew_at, leaf_pod_match, leaf_pod_sync, pod_apiserver, static_leaf,
 };
 use super::limits::{Limits, limits};
 use super::node::{leaf_node_ip, node_name_prefix, node_ports, preferred_address_type};
@@ -73,6 +73,8 @@ pub struct Config {
     pub shutdown_grace_period: Duration,
     /// How many pods and nodes of one leaf relaylet keeps (`LEAF_MAX_PODS`, `LEAF_MAX_NODES`).
     pub leaf_bounds: LeafBounds,
+    /// When a leaf token is renewed, in percent of its life (`LEAF_CREDENTIAL_RENEW_AT`).
+    pub leaf_credential_renew_at: u8,
 }
 
 impl Config {
@@ -137,6 +139,7 @@ impl Config {
         let log_format = log_format(&mut vars);
         let limits = limits(&mut vars);
         let leaf_bounds = leaf_bounds(&mut vars);
+        let leaf_credential_renew_at = leaf_credential_renew_at(&mut vars);
         let config = Config {
             leaf_node_ip,
             preferred_address_type,
@@ -169,6 +172,7 @@ impl Config {
             shutdown_grace_period,
             limits,
             leaf_bounds,
+            leaf_credential_renew_at,
         };
         if vars.errors.is_empty() {
             Ok(config)

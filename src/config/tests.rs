@@ -194,6 +194,26 @@ fn leaf_bounds_default_to_kubernetes_scalability_limits() {
 }
 
 #[test]
+fn leaf_tokens_are_renewed_at_80_percent_unless_told() {
+    let c = config(&[("LEAF_NODE_IP", "10.0.0.1")]).unwrap();
+    assert_eq!(c.leaf_credential_renew_at, 80);
+    let c = config(&[
+        ("LEAF_NODE_IP", "10.0.0.1"),
+        ("LEAF_CREDENTIAL_RENEW_AT", "5"),
+    ])
+    .unwrap();
+    assert_eq!(c.leaf_credential_renew_at, 5);
+    for bad in ["0", "100", "0.8", "soon"] {
+        let err = config(&[
+            ("LEAF_NODE_IP", "10.0.0.1"),
+            ("LEAF_CREDENTIAL_RENEW_AT", bad),
+        ])
+        .unwrap_err();
+        assert_eq!(err.0[0].var, "LEAF_CREDENTIAL_RENEW_AT", "{bad}");
+    }
+}
+
+#[test]
 fn namespace_shares_default_to_a_quarter_of_the_totals_as_set() {
     let c = config(&[("LEAF_NODE_IP", "10.0.0.1")]).unwrap();
     assert_eq!(

@@ -648,6 +648,25 @@ impl Controller {
             .inspect_err(|_| self.metrics.node_write_error("lease"))?;
             state.lease_renewed = Some(tick);
         }
+        if !cold {
+            self.renew_if_due(leaf, &mut state.renewal).await;
+        }
+        if !cold && let (Some(secret), Some((status, _))) = (&leaf.secret, state.written.as_deref())
+        {
+            let refused = self.registry.refusal(&secret.name).filter(|r| r.kept);
+            let mut row = super::leaf_rows::served_status(
+                leaf,
+                status,
+                &self.replicas.me,
+                own_pods.len(),
+                refused.as_ref(),
+            );
+            if let Some(why) = &state.renewal.failed {
+                row.reason = "CredentialRenewalFailed".to_string();
+                row.message = crate::model::quote::quote(why);
+            }
+            self.keep_row(secret, row, &mut state.row).await;
+        }
         Ok(())
     }
 
@@ -771,6 +790,10 @@ struct LeafLoop {
     seen: Seen,
     /// Why the Node was last refused (it is not ours), so that is logged once.
     refused: Option<String>,
+    /// The leaf's row as this term last applied it.
+    row: super::leaf_rows::Applied,
+    /// The renewal of the leaf's token.
+    renewal: super::credential_renewal::Renewal,
 }
 
 impl Controller {
@@ -818,6 +841,8 @@ impl LeafLoop {
             held: false,
             seen,
             refused: None,
+            row: None,
+            renewal: Default::default(),
         }
     }
 

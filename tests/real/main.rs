@@ -6,6 +6,7 @@
 
 mod chart_platforms;
 mod image;
+mod join;
 mod k8s;
 mod k8s_csr;
 mod k8s_leaf_policy;
