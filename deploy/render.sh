@@ -20,8 +20,9 @@ render() {
 #   kubectl apply -f deploy/relaylet.yaml
 # then register leaf clusters with deploy/make-leaf-secret.sh (see the README, "Install into real clusters").
 HEADER
-  # Not installed by Helm: drop the label that would tell Helm (and people) otherwise.
-  "$helm" template relaylet "$root/charts/relaylet" --namespace relaylet |
+  # Not installed by Helm: drop the label that would tell Helm (and people) otherwise, and
+  # the `helm test` hook (--skip-tests).
+  "$helm" template relaylet "$root/charts/relaylet" --namespace relaylet --skip-tests |
     sed '/app.kubernetes.io\/managed-by: Helm/d'
 }
 

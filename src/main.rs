@@ -5,13 +5,14 @@ use std::process::ExitCode;
 use relaylet::cli;
 use relaylet::config::Config;
 
-const USAGE: &str = "usage: relaylet [serve | check-config | join | unjoin | status | help]
+const USAGE: &str = "usage: relaylet [serve | check-config | join | unjoin | status | check | help]
 
   serve         (default) run as a virtual node's kubelet; configured by env vars (docs/install.md)
   check-config  validate the env vars and exit (0 when relaylet would start with them)
   join          register a leaf cluster and wait for its Node (relaylet join --help)
   unjoin        remove a leaf cluster and what relaylet made in it (relaylet unjoin --help)
   status        one line per registered leaf (relaylet status --help)
+  check         check an install from the root: pods Ready, each leaf's Node Ready (check --help)
 
 Installed as kubectl-relaylet on the PATH, the last three are `kubectl relaylet join ...`.
 The sandbox and the benchmark are in the workspace's relaylet-dev crate (cargo run -p relaylet-dev).";
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
         Some("join") => runtime.block_on(cli::join::run(rest)),
         Some("unjoin") => runtime.block_on(cli::unjoin::run(rest)),
         Some("status") => runtime.block_on(cli::status::run(rest)),
+        Some("check") => runtime.block_on(cli::check(rest)),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())

@@ -7,9 +7,11 @@
 //! line per leaf); what they share: `leaf_access` (what join makes in a leaf: the embedded
 //! leaf RBAC, a bounded token, the kubeconfig), `rows` (the leaves' `LeafCluster` rows, read
 //! and shown), `contexts` (the clusters, from kubeconfig contexts), `args` (flags), `output`
-//! (progress on a terminal, plain lines otherwise).
+//! (progress on a terminal, plain lines otherwise). `check` (whether an install works: its
+//! pods Ready, every leaf Secret's Node Ready; the `helm test` hook).
 
 mod args;
+mod check;
 mod contexts;
 pub mod join;
 mod leaf_access;
@@ -18,4 +20,5 @@ mod rows;
 pub mod status;
 pub mod unjoin;
 
+pub use check::{Args as CheckArgs, check};
 pub use output::Output;

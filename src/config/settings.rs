@@ -183,6 +183,6 @@ impl Config {
 
     /// The virtual node name for a leaf: prefix + leaf name.
     pub fn node_name(&self, leaf: &str) -> String {
-        format!("{}{}", self.node_name_prefix, leaf)
+        crate::model::names::virtual_node_name(&self.node_name_prefix, leaf)
     }
 }

@@ -32,8 +32,9 @@ pub use cluster::{Leaf, LeafError, proxy_url};
 pub use proxy::{
     LeafProxy, PROXY_CA_KEY, PROXY_CLIENT_CERT_KEY, PROXY_CLIENT_KEY_KEY, ProxyTls, error_chain,
 };
-pub use refusal::SecretRefusal;
+pub use refusal::{EVENT_REASON as REFUSAL_EVENT_REASON, SecretRefusal};
 pub use registry::{Refused, Registry, load_static_leaf};
 pub use secret_watch::{
-    HOST_ACCESS_ANNOTATION, KUBECONFIG_KEY, NODE_NAME_ANNOTATION, SecretSource, watch_secrets,
+    HOST_ACCESS_ANNOTATION, KUBECONFIG_KEY, NODE_NAME_ANNOTATION, SecretSource, secret_names,
+    watch_secrets,
 };

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::ListParams;
 use kube::config::Kubeconfig;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -22,7 +23,7 @@ use crate::leaf::proxy::ProxyTls;
 use crate::leaf::refusal::{Reporter, SecretRefusal};
 use crate::model::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
 use crate::model::leaf_row::SecretRef;
-use crate::model::names::{check_dns_label, check_node_name};
+use crate::model::names::{check_dns_label, check_node_name, virtual_node_name};
 use crate::ops::Metrics;
 
 /// Annotation on a leaf Secret that overrides its virtual node's name.
@@ -294,20 +295,7 @@ impl LeafSecrets {
 
     /// The leaf and node names a Secret asks for, if they are well formed.
     fn names(&self, secret: &Secret) -> Result<(String, String), SecretRefusal> {
-        let label = &self.label;
-        let leaf = leaf_name(secret, label)
-            .ok_or_else(|| SecretRefusal::Invalid(format!("no {label} label")))?;
-        check_dns_label(&leaf)
-            .map_err(|m| SecretRefusal::Invalid(format!("label {label}: {m}")))?;
-        let node = match annotation(secret, NODE_NAME_ANNOTATION) {
-            Some(node) => {
-                check_node_name(node, &self.config.node_name_prefix)
-                    .map_err(SecretRefusal::NodeNameInvalid)?;
-                node.to_string()
-            }
-            None => self.config.node_name(&leaf),
-        };
-        Ok((leaf, node))
+        secret_names(&secret.metadata, &self.label, &self.config.node_name_prefix)
     }
 
     async fn decide(
@@ -485,17 +473,33 @@ fn proxy_tls(secret: &Secret) -> ProxyTls {
     }
 }
 
-fn leaf_name(secret: &Secret, label: &str) -> Option<String> {
-    secret.metadata.labels.as_ref()?.get(label).cloned()
-}
-
-fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
-    secret
-        .metadata
+/// The leaf and virtual node names a leaf Secret asks for (the value of its `label`; its
+/// `relaylet.io/node-name`, else `node_name_prefix` and the leaf name), if they are well formed:
+/// the one rule for the watch and for `relaylet check`, which reads Secrets' metadata only.
+pub fn secret_names(
+    secret: &ObjectMeta,
+    label: &str,
+    node_name_prefix: &str,
+) -> Result<(String, String), SecretRefusal> {
+    let leaf = secret
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(label))
+        .cloned()
+        .ok_or_else(|| SecretRefusal::Invalid(format!("no {label} label")))?;
+    check_dns_label(&leaf).map_err(|m| SecretRefusal::Invalid(format!("label {label}: {m}")))?;
+    let node = match secret
         .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
+        .as_ref()
+        .and_then(|a| a.get(NODE_NAME_ANNOTATION))
+    {
+        Some(node) => {
+            check_node_name(node, node_name_prefix).map_err(SecretRefusal::NodeNameInvalid)?;
+            node.clone()
+        }
+        None => virtual_node_name(node_name_prefix, &leaf),
+    };
+    Ok((leaf, node))
 }
 
 /// Which version of which Secret: what a row speaks of.

@@ -39,6 +39,12 @@ pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
     }
 }
 
+/// The virtual node name of a leaf without `relaylet.io/node-name`: `NODE_NAME_PREFIX` followed
+/// by the leaf name.
+pub fn virtual_node_name(prefix: &str, leaf: &str) -> String {
+    format!("{prefix}{leaf}")
+}
+
 /// A virtual node name a leaf Secret chooses (`relaylet.io/node-name`): `NODE_NAME_PREFIX`
 /// followed by a DNS label, the whole a DNS subdomain. Node names go into the serving
 /// certificate relaylet asks the cluster's kubelet-serving signer for (often the cluster CA

@@ -10,6 +10,8 @@ use k8s_openapi::api::core::v1::Node;
 /// Label marking Nodes relaylet owns, so it can tidy up after leaves that vanished while it was
 /// down.
 pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "relaylet");
+/// Label naming the leaf cluster a virtual Node stands for.
+pub const LEAF_LABEL: &str = "relaylet.io/leaf-cluster";
 /// Label naming the install (its namespace) that owns a Node.
 pub const OWNER_LABEL: &str = "relaylet.io/owner";
 

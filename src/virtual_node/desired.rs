@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::leaf_pods::{PodFacts, PodKey};
 use crate::config::ADDRESS_TYPES;
+use crate::model::node_ownership::LEAF_LABEL;
 use crate::model::quantity::Milli;
 
 /// The taint every virtual node carries unless its leaf Secret says otherwise: only pods that
@@ -296,10 +297,7 @@ pub fn labels(
     let mut labels = BTreeMap::from([
         ("type".to_string(), "virtual-kubelet".to_string()),
         ("kubernetes.io/role".to_string(), "agent".to_string()),
-        (
-            "relaylet.io/leaf-cluster".to_string(),
-            leaf_name.to_string(),
-        ),
+        (LEAF_LABEL.to_string(), leaf_name.to_string()),
         (
             "kubernetes.io/os".to_string(),
             info.operating_system.clone(),

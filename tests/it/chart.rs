@@ -24,7 +24,7 @@ use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EnvVar, Namespace, PodSpec, Secret, Service, ServiceAccount,
+    ConfigMap, Container, EnvVar, Namespace, Pod, PodSpec, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -445,6 +445,8 @@ struct Rendered {
     pod_monitors: Vec<PodMonitor>,
     prometheus_rules: Vec<PrometheusRule>,
     config_maps: Vec<ConfigMap>,
+    /// The `helm test` hook (`templates/tests/`).
+    test_pods: Vec<Pod>,
     crds: Vec<CustomResourceDefinition>,
     /// Every object's metadata, for checks that apply to all.
     metas: Vec<(String, ObjectMeta)>,
@@ -486,6 +488,7 @@ impl Rendered {
                     r.prometheus_rules.push(exact(&doc))
                 }
                 ("v1", "ConfigMap") => r.config_maps.push(exact(&doc)),
+                ("v1", "Pod") => r.test_pods.push(exact(&doc)),
                 ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => r.crds.push(exact(&doc)),
                 other => panic!("unexpected object {other:?}"),
             }
@@ -774,6 +777,9 @@ fn expected_permissions(
         &["list", "watch", "patch"],
     ));
     g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["create"]));
+    // helmTest.enabled (the default): the hook, `relaylet check` as this ServiceAccount, reads
+    // the refusal Events (src/cli/check.rs).
+    g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["list"]));
     // src/virtual_node/leaf_rows.rs: the row beside each leaf Secret.
     g.extend(grant(
         leaf_ns,
@@ -820,6 +826,7 @@ fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>)
 
 /// What every value set must render: a secure, self-consistent release.
 fn check_invariants(r: &Rendered, set: &str) {
+    check_test_hook(r, set);
     // Every object is ours and lands in a definite namespace.
     for (kind, meta) in &r.metas {
         let labels = meta.labels.clone().unwrap_or_default();
@@ -2381,6 +2388,220 @@ fn the_chart_works_as_a_subchart_with_globals() {
     assert!(err.contains("globals"), "{err}");
 }
 
+/// The `helm test` hook, when rendered: a hook Pod that runs `relaylet check` as relaylet's own
+/// pod runs (ServiceAccount, image, both securityContexts, nodeSelector and tolerations), is
+/// selected by none of relaylet's selectors, and passes the values relaylet itself gets, which
+/// the binary's own parser reads back.
+fn check_test_hook(r: &Rendered, set: &str) {
+    let pod = match r.test_pods.as_slice() {
+        [] => return,
+        [pod] => pod,
+        more => panic!("{set}: {} test Pods", more.len()),
+    };
+    let meta = &pod.metadata;
+    let annotations = meta.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("helm.sh/hook").map(String::as_str),
+        Some("test"),
+        "{set}"
+    );
+    assert_eq!(
+        annotations
+            .get("helm.sh/hook-delete-policy")
+            .map(String::as_str),
+        Some("before-hook-creation,hook-succeeded"),
+        "{set}"
+    );
+    let labels = meta.labels.clone().unwrap_or_default();
+    let deployment_selector = r.deployment().spec.as_ref().unwrap().selector.clone();
+    assert!(
+        !selector_matches(&deployment_selector, &labels),
+        "{set}: the Deployment's selector"
+    );
+    for pdb in &r.pdbs {
+        let selector = pdb.spec.as_ref().unwrap().selector.clone().unwrap();
+        assert!(
+            !selector_matches(&selector, &labels),
+            "{set}: the PDB's selector"
+        );
+    }
+    for policy in &r.network_policies {
+        let selector = policy.spec.as_ref().unwrap().pod_selector.clone();
+        assert!(
+            !selector_matches(&selector.unwrap_or_default(), &labels),
+            "{set}: the NetworkPolicy's selector"
+        );
+    }
+    let spec = pod.spec.as_ref().unwrap();
+    let main = r.pod();
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"), "{set}");
+    assert_eq!(
+        spec.service_account_name, main.service_account_name,
+        "{set}"
+    );
+    assert_eq!(spec.automount_service_account_token, Some(true), "{set}");
+    assert_eq!(spec.security_context, main.security_context, "{set}");
+    assert_eq!(spec.node_selector, main.node_selector, "{set}");
+    assert_eq!(spec.tolerations, main.tolerations, "{set}");
+    assert_eq!(spec.image_pull_secrets, main.image_pull_secrets, "{set}");
+    assert!(
+        spec.host_network.is_none() && spec.priority_class_name.is_none(),
+        "{set}"
+    );
+    let [c] = spec.containers.as_slice() else {
+        panic!("{set}: one container in the test Pod");
+    };
+    let relaylet = r.container();
+    assert_eq!(c.image, relaylet.image, "{set}");
+    assert_eq!(c.image_pull_policy, relaylet.image_pull_policy, "{set}");
+    assert_eq!(c.security_context, relaylet.security_context, "{set}");
+    assert!(
+        c.command.is_none(),
+        "{set}: the image's entrypoint, relaylet"
+    );
+    let resources = c.resources.as_ref().unwrap();
+    assert!(
+        resources
+            .requests
+            .as_ref()
+            .is_some_and(|r| r.contains_key("cpu")),
+        "{set}"
+    );
+    assert!(
+        resources
+            .limits
+            .as_ref()
+            .is_some_and(|l| l.contains_key("memory")),
+        "{set}"
+    );
+    let args = c.args.clone().unwrap_or_default();
+    assert_eq!(args.first().map(String::as_str), Some("check"), "{set}");
+    let parsed = relaylet::cli::CheckArgs::parse(&args[1..])
+        .unwrap_or_else(|e| panic!("{set}: relaylet check refuses the hook's args: {e}"));
+    assert_eq!(parsed.namespace.as_deref(), Some(NAMESPACE), "{set}");
+    if let Some(replicas) = r.env_value("REPLICA_SELECTOR") {
+        assert_eq!(parsed.selector, replicas, "{set}: relaylet's own selector");
+    }
+    let want_labels: BTreeMap<String, String> = parsed
+        .selector
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(Some(want_labels), deployment_selector.match_labels, "{set}");
+    assert_eq!(
+        parsed.leaf_namespace.as_deref(),
+        Some(r.env_value("LEAF_SECRET_NAMESPACE").unwrap_or(NAMESPACE)),
+        "{set}"
+    );
+    assert_eq!(
+        parsed.leaf_label,
+        r.env_value("LEAF_SECRET_LABEL")
+            .unwrap_or("relaylet.io/leaf-cluster"),
+        "{set}"
+    );
+    assert_eq!(
+        Some(parsed.node_name_prefix.as_str()),
+        r.env_value("NODE_NAME_PREFIX"),
+        "{set}"
+    );
+}
+
+/// `helmTest`: on by default with its timeout and resources, each value rendered; off, no Pod
+/// and no Event reading; the leaf label and namespace relaylet watches are the hook's too.
+#[test]
+fn the_helm_test_hook_follows_its_values_and_relaylets() {
+    let r = Rendered::render(&ValueSet::defaults());
+    let pod = r.test_pods.first().expect("a test Pod by default");
+    assert_eq!(pod.metadata.name.as_deref(), Some("relaylet-test"));
+    let c = &pod.spec.as_ref().unwrap().containers[0];
+    let args = c.args.clone().unwrap();
+    let parsed = relaylet::cli::CheckArgs::parse(&args[1..]).unwrap();
+    assert_eq!(parsed.timeout, std::time::Duration::from_secs(120));
+    let quantity = |q: &str| k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.into());
+    let resources = c.resources.clone().unwrap();
+    assert_eq!(
+        resources.requests,
+        Some(BTreeMap::from([
+            ("cpu".into(), quantity("10m")),
+            ("memory".into(), quantity("16Mi"))
+        ]))
+    );
+    assert_eq!(
+        resources.limits,
+        Some(BTreeMap::from([("memory".into(), quantity("64Mi"))]))
+    );
+
+    let tuned = Rendered::render(&ValueSet::defaults().with(&[
+        "--set",
+        "helmTest.timeout=45s",
+        "--set",
+        "helmTest.resources.requests.cpu=20m",
+        "--set",
+        "helmTest.resources.limits.memory=48Mi",
+        "--set",
+        "leafSecretNamespace=leaves",
+        "--set",
+        "nodeNamePrefix=vk-",
+        "--set",
+        "nodeSelector.kubernetes\\.io/os=linux",
+        "--set",
+        "tolerations[0].key=infra",
+        "--set",
+        "tolerations[0].operator=Exists",
+        "--set",
+        "image.pullPolicy=Always",
+    ]));
+    check_invariants(&tuned, "helmTest tuned");
+    let c = &tuned.test_pods[0].spec.as_ref().unwrap().containers[0];
+    let parsed = relaylet::cli::CheckArgs::parse(&c.args.clone().unwrap()[1..]).unwrap();
+    assert_eq!(parsed.timeout, std::time::Duration::from_secs(45));
+    assert_eq!(parsed.leaf_namespace.as_deref(), Some("leaves"));
+    assert_eq!(parsed.node_name_prefix, "vk-");
+    assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
+    let resources = c.resources.clone().unwrap();
+    assert_eq!(resources.requests.unwrap()["cpu"], quantity("20m"));
+    assert_eq!(resources.limits.unwrap()["memory"], quantity("48Mi"));
+    let spec = tuned.test_pods[0].spec.as_ref().unwrap();
+    assert_eq!(
+        spec.node_selector
+            .clone()
+            .unwrap()
+            .get("kubernetes.io/os")
+            .map(String::as_str),
+        Some("linux")
+    );
+    assert_eq!(
+        spec.tolerations.clone().unwrap()[0].key.as_deref(),
+        Some("infra")
+    );
+    assert!(tuned.permissions().contains(&(
+        "leaves".to_string(),
+        "events.k8s.io".to_string(),
+        "events".to_string(),
+        String::new(),
+        "list".to_string()
+    )));
+
+    // The sidecar set watches another label (extraEnv LEAF_SECRET_LABEL): so does the hook.
+    let sidecar = Rendered::render(&ValueSet::ci("sidecar"));
+    let c = &sidecar.test_pods[0].spec.as_ref().unwrap().containers[0];
+    let parsed = relaylet::cli::CheckArgs::parse(&c.args.clone().unwrap()[1..]).unwrap();
+    assert_eq!(parsed.leaf_label, "example.com/relaylet-leaf");
+
+    let off = Rendered::render(&ValueSet::defaults().with(&["--set", "helmTest.enabled=false"]));
+    assert!(off.test_pods.is_empty());
+    let mut want = expected_permissions(true, true, true, true, false, NAMESPACE);
+    want.remove(&(
+        NAMESPACE.to_string(),
+        "events.k8s.io".to_string(),
+        "events".to_string(),
+        String::new(),
+        "list".to_string(),
+    ));
+    assert_eq!(off.permissions(), want, "off: relaylet reads no Events");
+}
+
 #[test]
 fn bad_values_are_refused_by_the_schema() {
     let cases: &[(&[&str], &str)] = &[
@@ -2579,6 +2800,9 @@ fn bad_values_are_refused_by_the_schema() {
             "/initContainers/0/name",
         ),
         (&["--set", "global=shared"], "/global"),
+        (&["--set", "helmTest.timeout=soon"], "/helmTest/timeout"),
+        (&["--set", "helmTest.image=busybox"], "image"),
+        (&["--set", "helmTest.enabled=yes"], "/helmTest/enabled"),
     ];
     for (flags, mentions) in cases {
         let set = ValueSet::defaults().with(flags);

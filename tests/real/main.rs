@@ -4,6 +4,7 @@
 //! `.ci/run` runs each module in a process of its own (`cargo test --test real -- k8s::`), as
 //! each world it starts lives until its process exits.
 
+mod chart_platforms;
 mod image;
 mod join;
 mod k8s;
