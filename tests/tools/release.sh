@@ -85,12 +85,6 @@ if command -v rustup >/dev/null; then
   rustup target add aarch64-unknown-linux-gnu --toolchain "$rust_version.0" >&2 ||
     fail "rustup target add aarch64-unknown-linux-gnu --toolchain $rust_version.0 failed"
 fi
-cyclonedx="$tools/cargo-cyclonedx-$cyclonedx_version/bin/cargo-cyclonedx"
-if [ ! -x "$cyclonedx" ]; then
-  say "installing cargo-cyclonedx $cyclonedx_version from crates.io into $tools"
-  cargo install --locked --quiet --version "$cyclonedx_version" --root "$tools/cargo-cyclonedx-$cyclonedx_version" \
-    --target-dir "$work/cargo-cyclonedx" cargo-cyclonedx >&2 || fail "cargo install cargo-cyclonedx $cyclonedx_version failed"
-fi
 bash "$root/tests/tools/install.sh" >&2
 helm="${RELAYLET_TOOLS_DIR:-$root/target/tools}/helm"
 [ -x "$helm" ] || fail "no helm at $helm after tests/tools/install.sh"
@@ -146,6 +140,12 @@ amd64_help="$(podman --runtime runc run --rm --network none "${image_id[amd64]}"
 
 # --- the SBOM ------------------------------------------------------------------------------------
 step "SBOM (cargo-cyclonedx $cyclonedx_version)"
+cyclonedx="$tools/cargo-cyclonedx-$cyclonedx_version/bin/cargo-cyclonedx"
+if [ ! -x "$cyclonedx" ]; then
+  say "installing cargo-cyclonedx $cyclonedx_version from crates.io into $tools"
+  cargo install --locked --quiet --version "$cyclonedx_version" --root "$tools/cargo-cyclonedx-$cyclonedx_version" \
+    --target-dir "$work/cargo-cyclonedx" cargo-cyclonedx >&2 || fail "cargo install cargo-cyclonedx $cyclonedx_version failed"
+fi
 # cargo-cyclonedx writes one file beside each workspace member's manifest: it runs on a copy of
 # the repository's tracked files, never in the repository.
 mkdir -p "$work/sbom"
