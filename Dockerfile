@@ -11,9 +11,9 @@ ARG RUST_VERSION=1.95
 
 # Debian 12 (bookworm) to match the runtime image's glibc: a binary linked against a newer glibc
 # would not start there. The build stage runs on the building machine's platform and
-# cross-compiles for the image's (`--platform linux/arm64`: podman and docker buildx set
-# BUILDPLATFORM and TARGETARCH), so an arm64 image needs no emulator to build; amd64 and arm64
-# are the platforms built.
+# cross-compiles for the image's (`--platform linux/arm64`; docker buildx sets BUILDPLATFORM and
+# TARGETARCH, podman 4.3 only TARGETARCH, so tests/tools/build-image.sh passes BUILDPLATFORM), so
+# an arm64 image needs no emulator to build; amd64 and arm64 are the platforms built.
 FROM --platform=$BUILDPLATFORM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build
 ARG TARGETARCH
 WORKDIR /src
@@ -56,7 +56,10 @@ RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --package relaylet --target "$(cat /rust-target)" \
     && install -D -m 0755 "target/$(cat /rust-target)/release/relaylet" /out/relaylet
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+# The runtime base of the image's platform (--platform here too: podman 4.3 otherwise resolves
+# this FROM with the build stage's platform and puts the arm64 binary on the amd64 base).
+# hadolint ignore=DL3065
+FROM --platform=$TARGETPLATFORM gcr.io/distroless/cc-debian12:nonroot
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="relaylet" \
       org.opencontainers.image.description="The kubelet of virtual nodes: kubectl exec, attach, port-forward and logs for pods in leaf clusters" \

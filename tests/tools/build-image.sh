@@ -85,7 +85,7 @@ rust_version="$(sed -n -E 's/^ARG RUST_VERSION=([0-9.]+)$/\1/p' "$root/Dockerfil
 [ -n "$rust_version" ] || fail "no 'ARG RUST_VERSION=' in $root/Dockerfile"
 builder_base="docker.io/library/rust:$rust_version-slim-bookworm"
 if ! grep -qxF "FROM --platform=\$BUILDPLATFORM docker.io/library/rust:\${RUST_VERSION}-slim-bookworm AS build" "$root/Dockerfile" ||
-  ! grep -qxF "FROM $runtime_base" "$root/Dockerfile"; then
+  ! grep -qxF "FROM --platform=\$TARGETPLATFORM $runtime_base" "$root/Dockerfile"; then
   fail "the Dockerfile's FROM lines are not the ones this script makes ($builder_base, $runtime_base)"
 fi
 crate_version="$(sed -n -E '/^\[package\]/,/^\[/s/^version = "([^"]+)"$/\1/p' "$root/Cargo.toml" | head -n1)"
@@ -286,9 +286,13 @@ mkdir -p "$registry"
 if [ -d "$host_registry" ]; then
   cp -a -u "$host_registry/index" "$host_registry/cache" "$registry/" 2>/dev/null || true
 fi
+# Another architecture: --platform, and the building machine's platform as BUILDPLATFORM for the
+# build stage's FROM (podman 4.3 does not set it; newer podman and docker buildx do, the same).
 platform=()
-[ "$arch" = amd64 ] || platform=(--platform "linux/$arch")
-say "podman build ${platform[*]} -t $image --build-arg VERSION=$crate_version ($root)"
+if [ "$arch" != amd64 ]; then
+  platform=(--platform "linux/$arch" --build-arg "BUILDPLATFORM=linux/$(podman info --format '{{.Host.Arch}}')")
+fi
+say "podman build ${platform[*]:+${platform[*]} }-t $image --build-arg VERSION=$crate_version ($root)"
 start=$SECONDS
 log="$cache/build$suffix.log"
 "${podman[@]}" build --runtime runc --network host --pull=never "${platform[@]}" \
