@@ -158,10 +158,12 @@ git -C "$root" ls-files -z | (cd "$root" && tar --null -T - -c) | tar -x -C "$wo
 sed -i -E 's/^members = \[.*\]$/members = ["."]/' "$work/sbom/Cargo.toml"
 awk '/^\[dev-dependencies\]/ {skip = 1; next} /^\[/ {skip = 0} !skip' "$work/sbom/Cargo.toml" >"$work/sbom/Cargo.toml.new"
 mv "$work/sbom/Cargo.toml.new" "$work/sbom/Cargo.toml"
-(cd "$work/sbom" && "$cyclonedx" cyclonedx -q --format json --spec-version 1.5 --target all \
-  --no-build-deps --override-filename "relaylet-$version.cdx" >&2)
+# Its timestamp is the commit's (SOURCE_DATE_EPOCH); the copy's path in its references is
+# written as /relaylet.
+(cd "$work/sbom" && SOURCE_DATE_EPOCH="$(git -C "$root" log -1 --format=%ct)" "$cyclonedx" cyclonedx -q \
+  --format json --spec-version 1.5 --target all --no-build-deps --override-filename "relaylet-$version.cdx" >&2)
 sbom="$out/relaylet-$version.cdx.json"
-cp "$work/sbom/relaylet-$version.cdx.json" "$sbom"
+sed "s|file://$work/sbom|file:///relaylet|g" "$work/sbom/relaylet-$version.cdx.json" >"$sbom"
 sbom_crates="$(python3 -c '
 import json, sys
 bom = json.load(open(sys.argv[1]))
