@@ -63,7 +63,7 @@ repository="$(sed -n -E '/^image:/,/^[^ ]/s/^  repository: *"?([^" ]+)"?$/\1/p' 
 [ -n "$repository" ] || fail "no image.repository in charts/relaylet/values.yaml"
 grep -q "^## \[$version\]" "$root/CHANGELOG.md" 2>/dev/null ||
   fail "CHANGELOG.md has no '## [$version]' section"
-head -n 3 "$root/LICENSE" 2>/dev/null | grep -q "Apache License" ||
+[[ "$(head -n 3 "$root/LICENSE" 2>/dev/null)" == *"Apache License"* ]] ||
   fail "LICENSE is missing or not the Apache License"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -76,8 +76,10 @@ step "tools"
 if ! command -v qemu-aarch64-static >/dev/null; then
   [ "$(id -u)" = 0 ] || fail "qemu-user-static is needed (apt-get install qemu-user-static, as root)"
   say "installing qemu-user-static with apt"
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
-    qemu-user-static >/dev/null || fail "apt-get install qemu-user-static failed"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=300 update -qq || fail "apt-get update failed: Debian's packages are not reachable"
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends qemu-user-static >/dev/null ||
+    fail "apt-get install qemu-user-static failed"
 fi
 rust_version="$(sed -n -E 's/^ARG RUST_VERSION=([0-9.]+)$/\1/p' "$root/Dockerfile")"
 if command -v rustup >/dev/null; then
