@@ -50,7 +50,9 @@ RUN mkdir -p src sim/src dev/src \
     && rm -rf src "$out/relaylet" "$out"/deps/relaylet-* "$out"/deps/librelaylet-* \
         "$out"/.fingerprint/relaylet-*
 
-# The code. Touch it so cargo never mistakes it for the stubs built above.
+# The code. Touch it so cargo never mistakes it for the stubs built above. `relaylet join`
+# embeds the leaf manifest.
+COPY deploy/leaf-rbac.yaml deploy/leaf-rbac.yaml
 COPY src src
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --package relaylet --target "$(cat /rust-target)" \

@@ -3,8 +3,19 @@
 //! kubectl runs `kubectl-relaylet` from the PATH with the remaining arguments), so they say what
 //! they did and exit non-zero with the reason when it did not work.
 //!
-//! Inside: `output` (progress on a terminal, plain lines otherwise).
+//! Inside: `join` (a leaf registered, and how it went), `unjoin` (the way back), `status` (a
+//! line per leaf); what they share: `leaf_access` (what join makes in a leaf: the embedded
+//! leaf RBAC, a bounded token, the kubeconfig), `rows` (the leaves' `LeafCluster` rows, read
+//! and shown), `contexts` (the clusters, from kubeconfig contexts), `args` (flags), `output`
+//! (progress on a terminal, plain lines otherwise).
 
+mod args;
+mod contexts;
+pub mod join;
+mod leaf_access;
 mod output;
+mod rows;
+pub mod status;
+pub mod unjoin;
 
 pub use output::Output;

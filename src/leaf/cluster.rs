@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::jiff::Timestamp;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::kube_client::Calls;
@@ -11,6 +12,7 @@ use crate::leaf::clients::LeafClients;
 use crate::leaf::dialer::LeafDialer;
 use crate::leaf::proxy::{LeafProxy, ProxySetupError, ProxyTls};
 use crate::model::counterpart::NamespaceMap;
+use crate::model::leaf_row::SecretRef;
 use crate::ops::Metrics;
 
 /// The `proxy-url` of the cluster the kubeconfig's current context uses (the entry kube builds
@@ -55,6 +57,10 @@ pub struct Leaf {
     /// Whether this leaf's pod copies may have host access (Secret annotation
     /// `relaylet.io/allow-host-access: "true"`); the administrator's, never a pod author's.
     pub host_access: bool,
+    /// The leaf Secret it was registered from (none for the `LEAF_KUBECONFIG` leaf): its row.
+    pub secret: Option<SecretRef>,
+    /// When its credential expires, if the credential says.
+    pub credential_expires: Option<Timestamp>,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -161,6 +167,7 @@ impl Leaf {
                 source,
             })?;
         let dialer = LeafDialer::new(name, proxy);
+        let credential_expires = crate::leaf::credential::expires(&kubeconfig);
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
@@ -185,6 +192,8 @@ impl Leaf {
             node_taints: None,
             namespaces: NamespaceMap::default(),
             host_access: false,
+            secret: None,
+            credential_expires,
         })
     }
 }

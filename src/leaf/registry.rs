@@ -8,8 +8,10 @@ use kube::config::Kubeconfig;
 use tokio::sync::watch;
 
 use super::cluster::{Leaf, LeafError};
+use super::refusal::SecretRefusal;
 use crate::config::Config;
 use crate::leaf::proxy::ProxyTls;
+use crate::model::leaf_row::SecretRef;
 use crate::ops::Metrics;
 
 /// The leaves by virtual node name. Cheap to clone; readers see a consistent snapshot.
@@ -18,6 +20,21 @@ pub struct Registry {
     leaves: watch::Sender<BTreeMap<String, Arc<Leaf>>>,
     /// Set once the leaf Secrets have been listed: only then is a missing leaf really gone.
     synced: Arc<std::sync::atomic::AtomicBool>,
+    /// The leaf Secrets refused now, by Secret name: their rows say why.
+    refused: watch::Sender<BTreeMap<String, Refused>>,
+}
+
+/// A leaf Secret refused, as its row tells it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    pub secret: SecretRef,
+    /// The leaf and node names it asks for, when well formed.
+    pub leaf: Option<String>,
+    pub node: Option<String>,
+    pub refusal: SecretRefusal,
+    /// Whether the leaf of an earlier version of the Secret is still registered (the new
+    /// version was refused for its own content): its Node stays served.
+    pub kept: bool,
 }
 
 impl Default for Registry {
@@ -25,6 +42,7 @@ impl Default for Registry {
         Registry {
             leaves: watch::Sender::new(BTreeMap::new()),
             synced: Arc::default(),
+            refused: watch::Sender::new(BTreeMap::new()),
         }
     }
 }
@@ -102,6 +120,37 @@ impl Registry {
             }
             changed
         });
+    }
+
+    /// Records that Secret `refused.secret` is refused.
+    pub(super) fn refuse(&self, refused: Refused) {
+        self.refused.send_if_modified(|map| {
+            let name = refused.secret.name.clone();
+            let changed = map.get(&name) != Some(&refused);
+            map.insert(name, refused);
+            changed
+        });
+    }
+
+    /// Forgets a refusal of Secret `secret` (accepted or deleted since).
+    pub(super) fn forget_refusal(&self, secret: &str) {
+        self.refused
+            .send_if_modified(|map| map.remove(secret).is_some());
+    }
+
+    /// The leaf Secrets refused now.
+    pub fn refusals(&self) -> BTreeMap<String, Refused> {
+        self.refused.borrow().clone()
+    }
+
+    /// The refusal of Secret `secret`, if it is refused now.
+    pub fn refusal(&self, secret: &str) -> Option<Refused> {
+        self.refused.borrow().get(secret).cloned()
+    }
+
+    /// Wakes whenever the refused Secrets change.
+    pub fn subscribe_refusals(&self) -> watch::Receiver<BTreeMap<String, Refused>> {
+        self.refused.subscribe()
     }
 
     /// Removes leaf `name`.

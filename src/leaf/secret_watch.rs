@@ -15,12 +15,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use super::cluster::{Leaf, LeafError};
-use super::registry::Registry;
+use super::registry::{Refused, Registry};
 use crate::config::Config;
 use crate::leaf::names::{Claim, Reserved};
 use crate::leaf::proxy::ProxyTls;
 use crate::leaf::refusal::{Reporter, SecretRefusal};
 use crate::model::counterpart::{NAMESPACE_MAP_ANNOTATION, NamespaceMap};
+use crate::model::leaf_row::SecretRef;
 use crate::model::names::{check_dns_label, check_node_name};
 use crate::ops::Metrics;
 
@@ -178,8 +179,11 @@ impl LeafSecrets {
         for (name, seen) in std::mem::take(&mut self.seen) {
             if self.secrets.contains_key(&name) {
                 self.seen.insert(name, seen);
-            } else if let Some(leaf) = seen.leaf {
-                self.registry.remove_exact(&leaf);
+            } else {
+                self.registry.forget_refusal(&name);
+                if let Some(leaf) = seen.leaf {
+                    self.registry.remove_exact(&leaf);
+                }
             }
         }
         let names: BTreeMap<String, Result<(String, String), SecretRefusal>> = self
@@ -320,8 +324,18 @@ impl LeafSecrets {
         };
         let mut resource_version = resource_version;
         match outcome {
-            Ok(built) => leaf = Some(self.registry.replace(leaf.as_ref(), built)),
+            Ok(built) => {
+                self.registry.forget_refusal(name);
+                leaf = Some(self.registry.replace(leaf.as_ref(), built));
+            }
             Err(refusal) => {
+                self.registry.refuse(Refused {
+                    secret: secret_ref(secret),
+                    leaf: names.as_ref().ok().map(|(l, _)| l.clone()),
+                    node: names.as_ref().ok().map(|(_, n)| n.clone()),
+                    refusal: refusal.clone(),
+                    kept: leaf.is_some() && !refusal.lost_names(),
+                });
                 if refusal.lost_names()
                     && let Some(old) = leaf.take()
                 {
@@ -417,6 +431,7 @@ impl LeafSecrets {
         leaf.node_taints = overrides.taints;
         leaf.namespaces = namespaces;
         leaf.host_access = host_access;
+        leaf.secret = Some(secret_ref(secret));
         Ok(leaf)
     }
 
@@ -481,4 +496,14 @@ fn annotation<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
         .as_ref()?
         .get(key)
         .map(String::as_str)
+}
+
+/// Which version of which Secret: what a row speaks of.
+fn secret_ref(secret: &Secret) -> SecretRef {
+    SecretRef {
+        name: secret.metadata.name.clone().unwrap_or_default(),
+        namespace: secret.metadata.namespace.clone().unwrap_or_default(),
+        uid: secret.metadata.uid.clone().unwrap_or_default(),
+        resource_version: secret.metadata.resource_version.clone().unwrap_or_default(),
+    }
 }

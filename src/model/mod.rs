@@ -11,10 +11,12 @@
 //! - `quote`: text from a leaf made short and single-line before relaylet writes it anywhere.
 //! - `event`: an Event as relaylet writes one, within upstream's limits.
 //! - `micro_time`: Lease times cut to the microsecond, as the apiserver keeps them.
+//! - `leaf_row`: the `LeafCluster` row beside each leaf Secret: how that leaf is doing.
 
 pub mod counterpart;
 pub mod event;
 pub mod kubelet_request;
+pub mod leaf_row;
 pub mod micro_time;
 pub mod names;
 pub mod node_overrides;

@@ -50,7 +50,8 @@ pub struct Metrics {
     pub leaf_reachable: Family<OneLabel, Gauge>,
     /// 1 when the last probe of the root apiserver succeeded.
     pub root_reachable: Gauge,
-    /// Failed writes of virtual Nodes (`kind="node"`) and their Leases (`kind="lease"`).
+    /// Failed writes of virtual Nodes (`kind="node"`), their Leases (`kind="lease"`) and the
+    /// leaves' `LeafCluster` rows (`kind="leaf_row"`).
     pub node_write_errors: Family<OneLabel, Counter>,
     /// Writes of a held virtual Node that found it changed since this replica last read or
     /// wrote it (409 on its resourceVersion): not errors, the Node is read again.
@@ -163,7 +164,7 @@ impl Metrics {
         let node_write_errors = Family::<OneLabel, Counter>::default();
         families.register(
             "node_write_errors",
-            "Failed writes of virtual Nodes (kind=node) and their Leases (kind=lease)",
+            "Failed writes of virtual Nodes (kind=node), their Leases (kind=lease) and LeafCluster rows (kind=leaf_row)",
             node_write_errors.clone(),
         );
         let node_write_conflicts = Counter::default();

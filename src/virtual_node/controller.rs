@@ -182,6 +182,7 @@ impl Controller {
         tokio::select! {
             () = self.clone().follow_registry() => {}
             () = self.look_for_orphans() => {}
+            () = self.keep_rows() => {}
         }
     }
 

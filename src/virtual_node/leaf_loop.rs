@@ -648,6 +648,18 @@ impl Controller {
             .inspect_err(|_| self.metrics.node_write_error("lease"))?;
             state.lease_renewed = Some(tick);
         }
+        if !cold && let (Some(secret), Some((status, _))) = (&leaf.secret, state.written.as_deref())
+        {
+            let refused = self.registry.refusal(&secret.name).filter(|r| r.kept);
+            let row = super::leaf_rows::served_status(
+                leaf,
+                status,
+                &self.replicas.me,
+                own_pods.len(),
+                refused.as_ref(),
+            );
+            self.keep_row(secret, row, &mut state.row).await;
+        }
         Ok(())
     }
 
@@ -771,6 +783,8 @@ struct LeafLoop {
     seen: Seen,
     /// Why the Node was last refused (it is not ours), so that is logged once.
     refused: Option<String>,
+    /// The leaf's row as this term last applied it.
+    row: super::leaf_rows::Applied,
 }
 
 impl Controller {
@@ -818,6 +832,7 @@ impl LeafLoop {
             held: false,
             seen,
             refused: None,
+            row: None,
         }
     }
 

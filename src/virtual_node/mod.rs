@@ -31,13 +31,15 @@
 //! `node_watch` (the Nodes' watch the loops share), `desired` (what the Node should say),
 //! `leaf_watch` (what the leaf says; `leaf_pods` the little kept of its pods, `leaf_objects` the
 //! bounded watch both its nodes and pods are kept by), `rounds` (the grid the loops' rounds fall
-//! on).
+//! on), `leaf_rows` (the `LeafCluster` row beside each leaf Secret: written by the replica
+//! serving its Node, or by the leader for a refused Secret).
 
 mod controller;
 mod desired;
 mod leaf_loop;
 mod leaf_objects;
 mod leaf_pods;
+mod leaf_rows;
 mod leaf_watch;
 mod node_lease;
 mod node_watch;

@@ -31,6 +31,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{
     self as rbac, ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding,
 };
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
@@ -444,6 +445,7 @@ struct Rendered {
     pod_monitors: Vec<PodMonitor>,
     prometheus_rules: Vec<PrometheusRule>,
     config_maps: Vec<ConfigMap>,
+    crds: Vec<CustomResourceDefinition>,
     /// Every object's metadata, for checks that apply to all.
     metas: Vec<(String, ObjectMeta)>,
 }
@@ -484,6 +486,7 @@ impl Rendered {
                     r.prometheus_rules.push(exact(&doc))
                 }
                 ("v1", "ConfigMap") => r.config_maps.push(exact(&doc)),
+                ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => r.crds.push(exact(&doc)),
                 other => panic!("unexpected object {other:?}"),
             }
         }
@@ -764,6 +767,14 @@ fn expected_permissions(
     }
     g.extend(grant(leaf_ns, "", "secrets", "", &["list", "watch"]));
     g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["create"]));
+    // src/virtual_node/leaf_rows.rs: the row beside each leaf Secret.
+    g.extend(grant(
+        leaf_ns,
+        "relaylet.io",
+        "leafclusters",
+        "",
+        &["list", "create", "patch", "delete"],
+    ));
     if cluster_ca {
         g.extend(grant(
             "kube-system",
@@ -811,7 +822,10 @@ fn check_invariants(r: &Rendered, set: &str) {
             "{set}: {kind} {:?} carries the chart's labels",
             meta.name
         );
-        let cluster_scoped = matches!(kind.as_str(), "ClusterRole" | "ClusterRoleBinding");
+        let cluster_scoped = matches!(
+            kind.as_str(),
+            "ClusterRole" | "ClusterRoleBinding" | "CustomResourceDefinition"
+        );
         assert_eq!(
             meta.namespace.is_none(),
             cluster_scoped,
@@ -1274,6 +1288,105 @@ fn every_value_set_lints_and_renders_into_exact_typed_objects() {
         let r = Rendered::render(&set);
         check_invariants(&r, set.name);
     }
+}
+
+/// The LeafCluster CRD (the row per leaf) holds exactly the status relaylet writes
+/// (`model::leaf_row::LeafStatus`): every field in the schema, every printer column on one of
+/// them; `crds.install=false` renders none, `crds.keep=false` lets `helm uninstall` delete it.
+#[test]
+fn the_leafcluster_crd_describes_the_status_relaylet_writes() {
+    use relaylet::model::leaf_row::{self, LeafStatus};
+    let r = Rendered::render(&ValueSet::defaults());
+    assert_eq!(r.crds.len(), 1, "one CRD by default");
+    let crd = &r.crds[0];
+    assert_eq!(crd.spec.group, leaf_row::GROUP);
+    assert_eq!(crd.spec.names.kind, leaf_row::KIND);
+    assert_eq!(crd.spec.names.plural, leaf_row::PLURAL);
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some(format!("{}.{}", leaf_row::PLURAL, leaf_row::GROUP).as_str())
+    );
+    assert_eq!(
+        crd.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("helm.sh/resource-policy"))
+            .map(String::as_str),
+        Some("keep")
+    );
+    let version = &crd.spec.versions[0];
+    assert_eq!(version.name, leaf_row::VERSION);
+    let schema = version
+        .schema
+        .as_ref()
+        .unwrap()
+        .open_api_v3_schema
+        .as_ref()
+        .unwrap();
+    let status = &schema.properties.as_ref().unwrap()["status"];
+    let in_schema: BTreeSet<String> = status
+        .properties
+        .as_ref()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let full = LeafStatus {
+        ready: "True".into(),
+        reason: "LeafReady".into(),
+        message: "m".into(),
+        leaf: Some("a".into()),
+        version: Some("v1.35.0".into()),
+        node: Some("relaylet-a".into()),
+        served_by: Some("relaylet-0".into()),
+        pods: Some(1),
+        credential_expires: Some("2031-01-01T00:00:00Z".into()),
+        secret_resource_version: Some("1".into()),
+    };
+    let written: BTreeSet<String> = serde_json::to_value(&full)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(
+        in_schema, written,
+        "the CRD's status schema and LeafStatus differ"
+    );
+    let columns: Vec<(String, String)> = version
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| (c.name.to_uppercase(), c.json_path.clone()))
+        .collect();
+    let names: Vec<&str> = columns.iter().map(|(n, _)| n.as_str()).collect();
+    // The columns issue 58 asks for, in its order.
+    assert_eq!(
+        names,
+        [
+            "READY",
+            "REASON",
+            "VERSION",
+            "NODE",
+            "SERVED-BY",
+            "PODS",
+            "CREDENTIAL-EXPIRES",
+            "AGE",
+            "MESSAGE"
+        ]
+    );
+    for (name, path) in &columns {
+        let field = path.strip_prefix(".status.");
+        assert!(
+            path == ".metadata.creationTimestamp" || field.is_some_and(|f| written.contains(f)),
+            "column {name} reads {path}, which relaylet never writes"
+        );
+    }
+    let none = Rendered::render(&ValueSet::defaults().with(&["--set", "crds.install=false"]));
+    assert!(none.crds.is_empty());
+    let loose = Rendered::render(&ValueSet::defaults().with(&["--set", "crds.keep=false"]));
+    assert!(loose.crds[0].metadata.annotations.is_none());
 }
 
 #[test]

@@ -22,6 +22,7 @@ mod layers;
 mod leaf_memory;
 mod leaf_proxy;
 mod leaf_rbac;
+mod leaf_rows;
 mod leaf_secrets;
 mod limits;
 mod memory_caps;

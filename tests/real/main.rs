@@ -5,6 +5,7 @@
 //! each world it starts lives until its process exits.
 
 mod image;
+mod join;
 mod k8s;
 mod k8s_csr;
 mod k8s_leaf_policy;

@@ -207,6 +207,20 @@ pub static KINDS: &[Kind] = &[
         categories: &[],
         subresources: &[],
     },
+    // relaylet's own CRD (charts/relaylet/templates/crd-leafclusters.yaml): the row per leaf.
+    Kind {
+        group: "relaylet.io",
+        version: "v1alpha1",
+        resource: "leafclusters",
+        singular: "leafcluster",
+        kind: "LeafCluster",
+        list_kind: "LeafClusterList",
+        scope: Scope::Namespaced,
+        flavor: Flavor::Stored,
+        short_names: &["leaves"],
+        categories: &[],
+        subresources: &[],
+    },
     Kind {
         group: "authentication.k8s.io",
         version: "v1",

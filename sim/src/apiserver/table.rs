@@ -107,6 +107,34 @@ fn columns(kind: &Kind) -> Vec<Value> {
                 "If specified, all readiness gates will be evaluated for pod readiness.",
             ),
         ],
+        // The CRD's additionalPrinterColumns, as the real apiserver renders them.
+        "LeafCluster" => vec![
+            name,
+            col(
+                "Ready",
+                "string",
+                0,
+                "Whether the leaf's virtual Node is Ready",
+            ),
+            col("Reason", "string", 0, "Why, in one word"),
+            col("Version", "string", 0, "The leaf apiserver's version"),
+            col("Node", "string", 0, "The virtual Node"),
+            col(
+                "Served-By",
+                "string",
+                0,
+                "The relaylet replica serving the Node",
+            ),
+            col("Pods", "integer", 0, "Root pods bound to the Node"),
+            col(
+                "Credential-Expires",
+                "date",
+                0,
+                "When the leaf credential expires",
+            ),
+            age,
+            col("Message", "string", 1, "Why, in a sentence"),
+        ],
         "Node" => vec![
             name,
             col("Status", "string", 0, "The status of the node"),
@@ -246,6 +274,22 @@ fn cells(kind: &Kind, obj: &Value) -> Vec<Value> {
             json!(count(&obj["data"])),
             age,
         ],
+        "LeafCluster" => {
+            let st = &obj["status"];
+            let cell = |v: &Value| if v.is_null() { Value::Null } else { v.clone() };
+            vec![
+                name,
+                cell(&st["ready"]),
+                cell(&st["reason"]),
+                cell(&st["version"]),
+                cell(&st["node"]),
+                cell(&st["servedBy"]),
+                cell(&st["pods"]),
+                cell(&st["credentialExpires"]),
+                age,
+                cell(&st["message"]),
+            ]
+        }
         "Namespace" => vec![name, json!(s(&obj["status"]["phase"])), age],
         "Lease" => vec![name, json!(s(&obj["spec"]["holderIdentity"])), age],
         "ServiceAccount" => vec![

@@ -225,12 +225,14 @@ impl World {
             ]);
         }
         if !chart {
-            // relaylet's ServiceAccount and RBAC exactly as the chart renders them.
+            // relaylet's ServiceAccount, RBAC and CRD exactly as the chart renders them.
             let mut show = vec![
                 "--show-only",
                 "templates/serviceaccount.yaml",
                 "--show-only",
                 "templates/rbac.yaml",
+                "--show-only",
+                "templates/crd-leafclusters.yaml",
             ];
             show.extend(sets.iter().map(String::as_str));
             let rendered = helm_template(&show);

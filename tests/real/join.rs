@@ -1,0 +1,284 @@
+//! `relaylet join`, `status` and `unjoin` (issue 58) against real clusters: a real root
+//! apiserver with relaylet (the chart's RBAC and CRD), and real leaf control planes that the
+//! world does not register; the binary is the one cargo built, run as a user runs it, with the
+//! user's kubeconfig holding both contexts. Join makes a Ready Node and says so; a leaf
+//! relaylet cannot reach, or a Secret relaylet refuses, makes it exit non-zero saying why;
+//! status prints the same rows; unjoin leaves no Node, Secret or row in the root and nothing of
+//! relaylet's in the leaf, including the copies of the pods relaylet ran there.
+
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+use relaylet_dev::testkit as support;
+use support::realk8s::harness::{ControlPlane, K8s, Options};
+use support::realk8s::pods::demo_pod;
+use support::realk8s::world::{RELAYLET_NAMESPACE, Setup, World, leaf_node, virtual_node};
+use support::{eventually, text};
+
+fn world() -> &'static World {
+    static WORLD: OnceLock<World> = OnceLock::new();
+    WORLD.get_or_init(|| {
+        World::start(Setup {
+            leaves: &["leaf-1"],
+            replicas: 1,
+            pod_sync: true,
+            ..Setup::default()
+        })
+    })
+}
+
+/// The tests join leaves of their own; one at a time keeps their Nodes apart in `status`.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A leaf control plane (with the controller-manager and a scheduler, as pod sync needs)
+/// and a stand-in kubelet, not registered with relaylet.
+fn unregistered_leaf(w: &World, name: &str) -> ControlPlane {
+    let mut leaf = ControlPlane::start(
+        w.dir.path(),
+        Options {
+            name: name.to_string(),
+            preferred_address_types: "InternalIP,Hostname".into(),
+            controller_manager: true,
+            verify_kubelet_certificates: false,
+            version: K8s::V1_35,
+            also_serve_on: Vec::new(),
+        },
+    );
+    leaf.add_kubelet(&leaf_node(name), false);
+    leaf.start_scheduler(
+        &support::realk8s::real_node::built()
+            .1
+            .join("kube-scheduler"),
+    );
+    leaf
+}
+
+/// `relaylet <args>` with a kubeconfig holding the root's and `leaf`'s admin contexts.
+fn relaylet(w: &World, leaf: &ControlPlane, args: &[&str]) -> Output {
+    let kubeconfig = format!(
+        "{}:{}",
+        w.root.admin_kubeconfig.display(),
+        leaf.admin_kubeconfig.display()
+    );
+    Command::new(env!("CARGO_BIN_EXE_relaylet"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("relaylet runs")
+}
+
+fn shown(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
+fn contexts<'a>(w: &'a World, leaf: &'a ControlPlane) -> [&'a str; 6] {
+    [
+        "--leaf-context",
+        &leaf.name,
+        "--root-context",
+        &w.root.name,
+        "--namespace",
+        RELAYLET_NAMESPACE,
+    ]
+}
+
+/// Whether `kubectl get <what>` finds anything in `cluster` (`-A` for every namespace).
+fn exists(cluster: &ControlPlane, args: &[&str]) -> bool {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", "name", "--ignore-not-found"]);
+    !cluster.kubectl_ok(&all).trim().is_empty()
+}
+
+#[test]
+fn join_makes_a_ready_node_status_shows_it_and_unjoin_leaves_nothing_behind() {
+    let w = world();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let leaf = unregistered_leaf(w, "joined");
+    let node = virtual_node("joined");
+    let mut args = vec!["join", "--name", "joined", "--timeout", "120s"];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    eprintln!("{}", shown(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&format!("leaf joined: Node {node} Ready after ")),
+        "{said}"
+    );
+    // Not a line per poll: plain lines, each said once (stderr is not a terminal here).
+    let lines: Vec<&str> = said.lines().collect();
+    let unique: std::collections::BTreeSet<&&str> = lines.iter().collect();
+    assert_eq!(lines.len(), unique.len(), "{said}");
+    assert_eq!(
+        w.root.kubectl_ok(&[
+            "get",
+            "node",
+            &node,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"
+        ]),
+        "True"
+    );
+    // The Secret holds relaylet's token, bounded, never the admin's certificate.
+    let kubeconfig = w.root.kubectl_ok(&[
+        "get",
+        "secret",
+        "-n",
+        RELAYLET_NAMESPACE,
+        "relaylet-leaf-joined",
+        "-o",
+        "jsonpath={.data.kubeconfig}",
+    ]);
+    let kubeconfig = text(
+        &base64::Engine::decode(
+            &base64::engine::general_purpose::STANDARD,
+            kubeconfig.trim(),
+        )
+        .unwrap(),
+    );
+    assert!(kubeconfig.contains("\"token\""), "{kubeconfig}");
+    assert!(!kubeconfig.contains("client-certificate"), "{kubeconfig}");
+
+    let mut status_args = vec!["status"];
+    status_args.extend(&contexts(w, &leaf)[2..]);
+    let out = relaylet(w, &leaf, &status_args);
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    let table = text(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("relaylet-leaf-joined "))
+        .unwrap_or_else(|| panic!("no row for the joined leaf:\n{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[1..3], ["True", "LeafReady"], "{table}");
+    assert!(cells[3].starts_with("v1.35."), "{table}");
+    assert_eq!(cells[4], node, "{table}");
+    // The token's expiry, a year out (the default --token-duration).
+    assert_eq!(&cells[7..9], ["in", "365d"], "{table}");
+    // The same rows kubectl shows (the CRD's printer columns on the real apiserver).
+    let kubectl_rows = w.root.kubectl_ok(&[
+        "get",
+        "leafclusters",
+        "-n",
+        RELAYLET_NAMESPACE,
+        "--no-headers",
+    ]);
+    assert!(
+        kubectl_rows
+            .lines()
+            .any(|l| l.split_whitespace().take(5).eq(cells[..5].iter().copied())),
+        "{kubectl_rows}\nvs\n{table}"
+    );
+
+    // A pod relaylet runs in the joined leaf: its copy there is what unjoin must clean up.
+    w.root.kubectl_stdin_ok(
+        &["apply", "-f", "-"],
+        Some(&demo_pod("default", "joined-app", &node, None)),
+    );
+    eventually("the pod's copy in the joined leaf", || {
+        exists(&leaf, &["pod", "-n", "default", "joined-app"])
+    });
+
+    let mut args = vec!["unjoin", "--name", "joined", "--timeout", "180s"];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    eprintln!("{}", shown(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    assert!(!exists(&w.root, &["node", &node]));
+    assert!(!exists(
+        &w.root,
+        &["secret", "-n", RELAYLET_NAMESPACE, "relaylet-leaf-joined"]
+    ));
+    assert!(!exists(
+        &w.root,
+        &[
+            "leafcluster",
+            "-n",
+            RELAYLET_NAMESPACE,
+            "relaylet-leaf-joined"
+        ]
+    ));
+    let selector = format!("relaylet.io/node={node}");
+    for kind in ["pods", "configmaps", "secrets"] {
+        assert!(
+            !exists(&leaf, &[kind, "-A", "-l", &selector]),
+            "relaylet's {kind} are left in the leaf"
+        );
+    }
+    assert!(!exists(&leaf, &["clusterrole", "relaylet-leaf"]));
+    assert!(!exists(&leaf, &["clusterrolebinding", "relaylet-leaf"]));
+    eventually("the leaf's relaylet namespace gone", || {
+        !exists(&leaf, &["namespace", "relaylet"])
+    });
+    // leaf-1, joined by the world, never noticed.
+    w.wait_for_node_ready(&virtual_node("leaf-1"));
+}
+
+#[test]
+fn join_fails_naming_why_when_relaylet_cannot_reach_the_leaf_or_refuses_its_secret() {
+    let w = world();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let leaf = unregistered_leaf(w, "unreachable");
+
+    // Nothing listens on port 1: relaylet's Node for it is NotReady, LeafUnreachable.
+    let mut args = vec![
+        "join",
+        "--name",
+        "unreachable",
+        "--leaf-server",
+        "https://127.0.0.1:1",
+        "--timeout",
+        "40s",
+    ];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    assert_ne!(out.status.code(), Some(0), "{}", shown(&out));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("the leaf's Node was not Ready within 40 s: LeafUnreachable:"),
+        "{}",
+        shown(&out)
+    );
+
+    // A node name leaf-1's Secret holds: refused at once, relaylet's reason on the last line.
+    let mut args = vec![
+        "join",
+        "--name",
+        "unreachable",
+        "--node-name",
+        "relaylet-leaf-1",
+        "--timeout",
+        "120s",
+    ];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    assert_ne!(out.status.code(), Some(0), "{}", shown(&out));
+    let last = text(&out.stderr)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        last.starts_with(
+            "relaylet: relaylet refused the leaf Secret: SecretRefusedNodeNameTaken: node name \"relaylet-leaf-1\" is already used by"
+        ),
+        "{}",
+        shown(&out)
+    );
+    let mut args = vec![
+        "unjoin",
+        "--name",
+        "unreachable",
+        "--node-name",
+        "relaylet-unreachable",
+    ];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    w.wait_for_node_ready(&virtual_node("leaf-1"));
+}
