@@ -298,6 +298,8 @@ log="$cache/build$suffix.log"
 "${podman[@]}" build --runtime runc --network host --pull=never "${platform[@]}" \
   --volume "$registry:/usr/local/cargo/registry" \
   -t "$image" --build-arg "VERSION=$crate_version" "$root" 2>&1 | tee "$log"
+# podman stopped by a signal may exit 0 without tagging: only a build that tagged the image counts.
+grep -qxF "Successfully tagged $image" "$log" || fail "podman build did not tag $image (its output is in $log)"
 say "built $image in $((SECONDS - start)) s"
 new_id="$(podman image inspect --format '{{.Id}}' "$image")"
 # Keep one build per architecture: remove dangling images (the image this build replaced, the
