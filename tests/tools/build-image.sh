@@ -5,6 +5,15 @@
 #   podman build --runtime runc --network host -t localhost/relaylet:dev --build-arg VERSION=<crate version> .
 #   -> ${RELAYLET_IMAGE_CACHE:-~/.cache/relaylet/image}/relaylet.tar   (docker-archive, for `ctr -n k8s.io images import`)
 #
+# `build-image.sh arm64` builds the linux/arm64 image instead (for tests/tools/release.sh):
+# `--platform linux/arm64`, the Dockerfile's build stage cross-compiling on this machine, tagged
+# localhost/relaylet:dev-arm64 and saved to relaylet-arm64.tar beside the other. It needs the
+# toolchain's aarch64-unknown-linux-gnu standard library (rustup target add). Its runtime base
+# is made with `mmdebstrap --arch=arm64` and tagged gcr.io/distroless/cc-debian12:nonroot-arm64;
+# the name the FROM line gives then becomes a manifest list of both bases (amd64 tagged
+# :nonroot-amd64, as distroless tags them), which a build without --platform reads as the amd64
+# image, so the amd64 build stays as it was.
+#
 # No container registry is reachable here, so the two images the Dockerfile's FROM lines name
 # are made locally from Debian 12's packages (mmdebstrap) and tagged under those exact names:
 #
@@ -24,8 +33,16 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cache="${RELAYLET_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/relaylet/image}"
-image=localhost/relaylet:dev
+arch="${1:-amd64}"
 runtime_base=gcr.io/distroless/cc-debian12:nonroot
+case "$arch" in
+  amd64) image=localhost/relaylet:dev suffix="" ;;
+  arm64) image=localhost/relaylet:dev-arm64 suffix=-arm64 ;;
+  *)
+    echo "build-image.sh: unknown architecture '$arch' (amd64 or arm64)" >&2
+    exit 2
+    ;;
+esac
 say() { echo "build-image.sh: $*" >&2; }
 fail() {
   say "$*"
@@ -67,8 +84,8 @@ podman=(podman --runtime runc)
 rust_version="$(sed -n -E 's/^ARG RUST_VERSION=([0-9.]+)$/\1/p' "$root/Dockerfile")"
 [ -n "$rust_version" ] || fail "no 'ARG RUST_VERSION=' in $root/Dockerfile"
 builder_base="docker.io/library/rust:$rust_version-slim-bookworm"
-if ! grep -qxF "FROM docker.io/library/rust:\${RUST_VERSION}-slim-bookworm AS build" "$root/Dockerfile" ||
-  ! grep -qxF "FROM $runtime_base" "$root/Dockerfile"; then
+if ! grep -qxF "FROM --platform=\$BUILDPLATFORM docker.io/library/rust:\${RUST_VERSION}-slim-bookworm AS build" "$root/Dockerfile" ||
+  ! grep -qxF "FROM --platform=\$TARGETPLATFORM $runtime_base" "$root/Dockerfile"; then
   fail "the Dockerfile's FROM lines are not the ones this script makes ($builder_base, $runtime_base)"
 fi
 crate_version="$(sed -n -E '/^\[package\]/,/^\[/s/^version = "([^"]+)"$/\1/p' "$root/Cargo.toml" | head -n1)"
@@ -88,6 +105,11 @@ done
   fail "a Rust $rust_version toolchain (rustc and cargo) is needed on this machine to make $builder_base"
 sysroot="$(readlink -f "$sysroot")"
 toolchain_version="$("$sysroot/bin/rustc" --version)"
+# The targets whose standard library the toolchain holds (the builder base copies them all).
+toolchain_targets="$(find "$sysroot/lib/rustlib" -mindepth 2 -maxdepth 2 -name lib -printf '%h\n' | xargs -rn1 basename | sort | tr '\n' ' ')"
+if [ "$arch" = arm64 ] && [[ " $toolchain_targets " != *" aarch64-unknown-linux-gnu "* ]]; then
+  fail "the Rust $rust_version toolchain has no aarch64-unknown-linux-gnu standard library (rustup target add aarch64-unknown-linux-gnu --toolchain $rust_version.0)"
+fi
 
 mirrors=(
   "deb http://deb.debian.org/debian bookworm main"
@@ -121,12 +143,15 @@ trap cleanup EXIT
 
 # The runtime base, as distroless builds it: the packages' files unpacked (no maintainer
 # scripts run), the CA bundle made from the certificates, users written by hand.
+# make_runtime_base ARCH TAG: the base for Debian architecture ARCH (amd64, arm64) as TAG
+# (unpacking runs nothing, so a foreign architecture needs no emulator).
 runtime_packages=(base-files netbase tzdata ca-certificates libc6 libgcc-s1 libgomp1 libstdc++6 libssl3)
 make_runtime_base() {
+  local base_arch="$1" tag="$2"
   rm -rf "$work" && mkdir -p "$work"
   # mmdebstrap resolves, downloads and checks the packages' signatures; only the listed ones
   # are unpacked into the image (their dependencies, e.g. debconf and perl, are left out).
-  mmdebstrap --quiet --variant=extract --skip=cleanup/apt/cache \
+  mmdebstrap --quiet --variant=extract --skip=cleanup/apt/cache --arch="$base_arch" \
     --include="$(IFS=,; echo "${runtime_packages[*]}")" bookworm "$work/staging" "${mirrors[@]}"
   local rootfs="$work/rootfs" pkg deb
   mkdir -p "$rootfs"
@@ -166,11 +191,11 @@ EOF
   local found
   found="$(find "$rootfs" \( -name sh -o -name bash -o -name dash -o -name busybox -o -name 'dpkg*' -o -name 'apt-get' \) -not -type d -print)"
   [ -z "$found" ] || fail "the runtime base would hold a shell or package manager: $found"
-  tar --numeric-owner --sort=name -C "$rootfs" -c . | "${podman[@]}" import \
+  tar --numeric-owner --sort=name -C "$rootfs" -c . | "${podman[@]}" import --arch "$base_arch" \
     --change 'USER 65532:65532' --change 'WORKDIR /home/nonroot' \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' \
-    - "$runtime_base" >/dev/null
+    - "$tag" >/dev/null
   rm -rf "$work"
 }
 
@@ -206,13 +231,39 @@ make_builder_base() {
 # --- end of base images --------------------------------------------------------------------------
 
 runtime_hash="$(printf '%s\n%s\n' "$recipe_text" runtime | sha256sum | cut -c1-16)"
-builder_hash="$(printf '%s\n%s\n%s\n' "$recipe_text" "$toolchain_version" "$sysroot" | sha256sum | cut -c1-16)"
+builder_hash="$(printf '%s\n%s\n%s\n%s\n' "$recipe_text" "$toolchain_version" "$sysroot" "$toolchain_targets" | sha256sum | cut -c1-16)"
+# (Once an arm64 build made the manifest list below, the amd64 base's name resolves through it
+# to the amd64 image, for this check and for the amd64 build alike.)
 if ! fresh "$runtime_base" "$runtime_hash"; then
   say "making $runtime_base from Debian 12's packages"
   start=$SECONDS
-  make_runtime_base
+  make_runtime_base amd64 "$runtime_base"
   stamp "$runtime_base" "$runtime_hash"
   say "made $runtime_base in $((SECONDS - start)) s"
+fi
+if [ "$arch" = arm64 ]; then
+  arm64_base="$runtime_base-arm64"
+  arm64_hash="$(printf '%s\n%s\n' "$recipe_text" runtime-arm64 | sha256sum | cut -c1-16)"
+  if ! fresh "$arm64_base" "$arm64_hash"; then
+    say "making $arm64_base from Debian 12's arm64 packages"
+    start=$SECONDS
+    make_runtime_base arm64 "$arm64_base"
+    stamp "$arm64_base" "$arm64_hash"
+    say "made $arm64_base in $((SECONDS - start)) s"
+  fi
+  # The FROM line's name as a manifest list of both bases, made again on every arm64 build
+  # (seconds; the images in it, on which the build's cache keys, stay the same).
+  amd64_id="$(podman image inspect --format '{{.Id}}' "$runtime_base")"
+  podman tag "$amd64_id" "$runtime_base-amd64"
+  named_id="$(podman images --no-trunc --format '{{.ID}}' "$runtime_base" | head -n1)"
+  if [ "${named_id#sha256:}" = "${amd64_id#sha256:}" ]; then
+    podman untag "$amd64_id" "$runtime_base"
+  else
+    podman manifest rm "$runtime_base" >/dev/null
+  fi
+  podman manifest create "$runtime_base" >/dev/null
+  podman manifest add "$runtime_base" "containers-storage:$runtime_base-amd64" >/dev/null
+  podman manifest add "$runtime_base" "containers-storage:$arm64_base" >/dev/null
 fi
 if ! fresh "$builder_base" "$builder_hash"; then
   say "making $builder_base from Debian 12's packages and $toolchain_version"
@@ -235,17 +286,27 @@ mkdir -p "$registry"
 if [ -d "$host_registry" ]; then
   cp -a -u "$host_registry/index" "$host_registry/cache" "$registry/" 2>/dev/null || true
 fi
-say "podman build -t $image --build-arg VERSION=$crate_version ($root)"
+# Another architecture: --platform, and the building machine's platform as BUILDPLATFORM for the
+# build stage's FROM (podman 4.3 does not set it; newer podman and docker buildx do, the same).
+platform=()
+if [ "$arch" != amd64 ]; then
+  platform=(--platform "linux/$arch" --build-arg "BUILDPLATFORM=linux/$(podman info --format '{{.Host.Arch}}')")
+fi
+say "podman build ${platform[*]:+${platform[*]} }-t $image --build-arg VERSION=$crate_version ($root)"
 start=$SECONDS
-log="$cache/build.log"
-"${podman[@]}" build --runtime runc --network host --pull=never \
+log="$cache/build$suffix.log"
+"${podman[@]}" build --runtime runc --network host --pull=never "${platform[@]}" \
   --volume "$registry:/usr/local/cargo/registry" \
   -t "$image" --build-arg "VERSION=$crate_version" "$root" 2>&1 | tee "$log"
+# podman stopped by a signal may exit 0 without tagging: only a build that tagged the image counts.
+grep -qxF "Successfully tagged $image" "$log" || fail "podman build did not tag $image (its output is in $log)"
 say "built $image in $((SECONDS - start)) s"
 new_id="$(podman image inspect --format '{{.Id}}' "$image")"
-# Keep one build: remove dangling images (the image this build replaced, the layers of builds
-# before it) but not this build's own steps, the cache of the next build.
-mapfile -t keep < <(grep -oE '^--> (Using cache )?[0-9a-f]{11,64}$' "$log" | awk '{print $NF}')
+# Keep one build per architecture: remove dangling images (the image this build replaced, the
+# layers of builds before it) but not the steps of this build or of the other architecture's
+# last one, the cache of the next builds.
+mapfile -t keep < <(cat "$cache"/build*.log 2>/dev/null |
+  grep -oE '^--> (Using cache )?[0-9a-f]{11,64}$' | awk '{print $NF}')
 removed=1
 while [ "$removed" = 1 ]; do
   removed=0
@@ -256,7 +317,7 @@ while [ "$removed" = 1 ]; do
     if [ "$current" = 0 ] && podman rmi "$id" >/dev/null 2>&1; then removed=1; fi
   done
 done
-archive="$cache/relaylet.tar"
+archive="$cache/relaylet$suffix.tar"
 if [ ! -f "$archive" ] || [ "$(cat "$archive.id" 2>/dev/null)" != "$new_id" ]; then
   rm -f "$archive.tmp" "$archive.id"
   podman save --format docker-archive -o "$archive.tmp" "$image"
