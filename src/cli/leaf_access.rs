@@ -57,17 +57,21 @@ async fn api_for(client: &Client, object: &DynamicObject) -> anyhow::Result<Api<
     })
 }
 
+fn kind_of(object: &DynamicObject) -> String {
+    object
+        .types
+        .as_ref()
+        .map(|t| t.kind.clone())
+        .unwrap_or_default()
+}
+
 /// Applies the objects (server-side apply); what was applied, for the user.
 pub async fn apply(client: &Client) -> anyhow::Result<Vec<String>> {
     let mut done = Vec::new();
     for object in objects()? {
         let api = api_for(client, &object).await?;
         let name = object.name_any();
-        let kind = object
-            .types
-            .as_ref()
-            .map(|t| t.kind.clone())
-            .unwrap_or_default();
+        let kind = kind_of(&object);
         api.patch(
             &name,
             &PatchParams::apply(MANAGER).force(),
@@ -87,11 +91,7 @@ pub async fn delete(client: &Client) -> anyhow::Result<Vec<String>> {
     for object in objects()?.into_iter().rev() {
         let api = api_for(client, &object).await?;
         let name = object.name_any();
-        let kind = object
-            .types
-            .as_ref()
-            .map(|t| t.kind.clone())
-            .unwrap_or_default();
+        let kind = kind_of(&object);
         match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => done.push(format!("{kind}/{name}")),
             Err(kube::Error::Api(e)) if e.code == 404 => {}

@@ -15,7 +15,7 @@ use std::time::Duration;
 use relaylet_dev::testkit as support;
 use support::realk8s::harness::K8s;
 use support::realk8s::world::{RELAYLET_NAMESPACE, ROOT_NODE, Setup, World, virtual_node};
-use support::text;
+use support::{shown, text};
 
 /// The UID (and GID, fsGroup) the test assigns, as restricted-v2 assigns the first of a
 /// namespace's `openshift.io/sa.scc.uid-range` (e.g. 1000650000/10000).
@@ -321,15 +321,6 @@ fn helm_test(w: &World) -> Output {
         .env("KUBECONFIG", &w.root.admin_kubeconfig)
         .output()
         .expect("helm runs")
-}
-
-fn shown(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    )
 }
 
 /// `helm test` runs the chart's hook (`relaylet check` in the image, with the release's

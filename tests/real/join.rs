@@ -14,7 +14,7 @@ use relaylet_dev::testkit as support;
 use support::realk8s::harness::{ControlPlane, K8s, Options};
 use support::realk8s::pods::demo_pod;
 use support::realk8s::world::{RELAYLET_NAMESPACE, Setup, World, leaf_node, virtual_node};
-use support::{eventually, text};
+use support::{eventually, shown, text};
 
 fn world() -> &'static World {
     static WORLD: OnceLock<World> = OnceLock::new();
@@ -71,15 +71,6 @@ fn relaylet(w: &World, leaf: &ControlPlane, args: &[&str]) -> Output {
         .expect("relaylet runs")
 }
 
-fn shown(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    )
-}
-
 fn contexts<'a>(w: &'a World, leaf: &'a ControlPlane) -> [&'a str; 6] {
     [
         "--leaf-context",
@@ -89,6 +80,17 @@ fn contexts<'a>(w: &'a World, leaf: &'a ControlPlane) -> [&'a str; 6] {
         "--namespace",
         RELAYLET_NAMESPACE,
     ]
+}
+
+/// The Ready condition's status of Node `node`.
+fn node_ready(w: &World, node: &str) -> String {
+    w.root.kubectl_ok(&[
+        "get",
+        "node",
+        node,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+    ])
 }
 
 /// Whether `kubectl get <what>` finds anything in `cluster` (`-A` for every namespace).
@@ -119,16 +121,7 @@ fn join_makes_a_ready_node_status_shows_it_and_unjoin_leaves_nothing_behind() {
     let lines: Vec<&str> = said.lines().collect();
     let unique: std::collections::BTreeSet<&&str> = lines.iter().collect();
     assert_eq!(lines.len(), unique.len(), "{said}");
-    assert_eq!(
-        w.root.kubectl_ok(&[
-            "get",
-            "node",
-            &node,
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"
-        ]),
-        "True"
-    );
+    assert_eq!(node_ready(w, &node), "True");
     // The Secret holds relaylet's token, bounded, never the admin's certificate.
     let kubeconfig = w.root.kubectl_ok(&[
         "get",
@@ -436,16 +429,7 @@ fn relaylet_renews_a_short_lived_leaf_token_before_it_expires_and_sessions_carry
         logs.try_wait().expect("kubectl").is_none(),
         "the stream is still open"
     );
-    assert_eq!(
-        w.root.kubectl_ok(&[
-            "get",
-            "node",
-            &node,
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"
-        ]),
-        "True"
-    );
+    assert_eq!(node_ready(w, &node), "True");
     let _ = logs.kill();
     let _ = reader.join();
 

@@ -515,6 +515,16 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// A finished command's exit code and output, for assertion messages.
+pub fn shown(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        text(&out.stdout),
+        text(&out.stderr)
+    )
+}
+
 /// Describes a kubectl run for assertion messages.
 pub fn describe(k: &Kubectl, out: &Output) -> String {
     format!(
