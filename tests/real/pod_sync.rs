@@ -528,6 +528,22 @@ fn kubectl_debug_adds_a_container_to_the_copy_and_attaches_to_it() {
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("kubectl debug runs");
     let mut stdin = child.stdin.take().expect("stdin");
+    // The line goes in once kubectl attaches (it says so on stderr), as a user types it once
+    // the prompt hint shows: written at once, it raced the ephemeral container's start.
+    let (attached_tx, attached) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr");
+    let stderr_reader = std::thread::spawn(move || {
+        let mut said = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("If you don't see a command prompt") {
+                let _ = attached_tx.send(());
+            }
+            said.push_str(&line);
+            said.push('\n');
+        }
+        said
+    });
+    let _ = attached.recv_timeout(Duration::from_secs(120));
     stdin.write_all(b"ping\n").expect("stdin");
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
@@ -537,10 +553,7 @@ fn kubectl_debug_adds_a_container_to_the_copy_and_attaches_to_it() {
     if line != "got ping\n" {
         // kubectl says why on stderr (a timeout waiting for the container, an attach refused).
         let _ = child.kill();
-        let mut why = String::new();
-        if let Some(mut err) = child.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut err, &mut why);
-        }
+        let why = stderr_reader.join().unwrap_or_default();
         panic!("kubectl debug printed {line:?}, not \"got ping\"; its stderr: {why}");
     }
     let status = support::wait_exit(child, Duration::from_secs(60));
