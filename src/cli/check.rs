@@ -22,7 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
-use super::Output;
+use super::output::Output;
 use crate::config::{DEFAULT_LEAF_SECRET_LABEL, parse_duration};
 use crate::leaf::{REFUSAL_EVENT_REASON, secret_names};
 use crate::model::node_ownership::{LEAF_LABEL, MANAGED_BY_LABEL, ownership};

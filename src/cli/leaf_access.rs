@@ -6,14 +6,13 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{
-    Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, ResourceExt};
+
+use crate::kube_client::Calls;
+use crate::leaf::credential::request_token;
 
 /// The leaf manifest `join` applies.
 const LEAF_RBAC: &str = include_str!("../../deploy/leaf-rbac.yaml");
@@ -106,25 +105,14 @@ pub async fn delete(client: &Client) -> anyhow::Result<Vec<String>> {
 /// A token for relaylet's ServiceAccount in the leaf, valid for `duration` (the apiserver may
 /// shorten it), and when it expires.
 pub async fn token(client: &Client, duration: Duration) -> anyhow::Result<(String, Timestamp)> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(i64::try_from(duration.as_secs()).unwrap_or(i64::MAX)),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let answer = accounts
-        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
+    // The request relaylet makes when it renews this token: one TokenRequest in one place.
+    let account = (NAMESPACE.to_string(), SERVICE_ACCOUNT.to_string());
+    let life = i64::try_from(duration.as_secs()).unwrap_or(i64::MAX);
+    request_token(&Calls::of_client(client.clone()), &account, life)
         .await
         .with_context(|| {
             format!("requesting a token for {NAMESPACE}/{SERVICE_ACCOUNT} in the leaf")
-        })?;
-    let status = answer
-        .status
-        .context("the leaf answered a TokenRequest without a token")?;
-    Ok((status.token, status.expiration_timestamp.0))
+        })
 }
 
 /// What the leaf Secret's kubeconfig says: where the leaf is, how relaylet checks it is the

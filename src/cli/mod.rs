@@ -21,4 +21,3 @@ pub mod status;
 pub mod unjoin;
 
 pub use check::{Args as CheckArgs, check};
-pub use output::Output;
