@@ -53,18 +53,24 @@ pub fn free_loopback_window(len: u16) -> std::io::Result<u16> {
 }
 
 /// The first port of `first..=first + len`, all free and below the ephemeral range, taken from
-/// this process's cursor (which then moves past it, rounded up to the stride).
+/// this process's cursor (which then moves past it, rounded up to the stride). Ports and
+/// windows share one mapping from the cursor to port numbers, whatever their length, so what
+/// one claim handed out never overlaps another's; a window that would reach into the
+/// ephemeral range where the mapping wraps is skipped.
 fn claim(len: u16) -> Option<u16> {
-    let highest = ephemeral_start().saturating_sub(1).saturating_sub(len);
-    if highest <= LOWEST {
+    let top = ephemeral_start();
+    if top <= LOWEST.saturating_add(len) {
         return None;
     }
-    let span = usize::from(highest - LOWEST) + 1;
+    let span = usize::from(top - LOWEST);
     let step = (usize::from(len) + 1).div_ceil(usize::from(STRIDE)) * usize::from(STRIDE);
     let start = std::process::id() as usize * 7919 % span;
-    for _ in 0..span.div_ceil(step) {
+    for _ in 0..=span.div_ceil(step) {
         let offset = (start + NEXT.fetch_add(step, Ordering::Relaxed)) % span;
         let first = LOWEST + offset as u16;
+        if usize::from(first) + usize::from(len) >= usize::from(top) {
+            continue;
+        }
         let free = (first..=first + len).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok());
         if free {
             return Some(first);
@@ -104,6 +110,28 @@ mod tests {
                 !(first..=first + 100).contains(&port),
                 "{port} in {first}+100"
             );
+        }
+    }
+
+    #[test]
+    fn ports_and_windows_of_every_length_never_overlap() {
+        // Each length once had its own mapping from the cursor to port numbers.
+        let mut taken: Vec<(u16, u16)> = Vec::new();
+        for round in 0..5 {
+            for len in [STRIDE - 1, 100, 1000, STRIDE - 1] {
+                let first = if len == STRIDE - 1 {
+                    free_loopback_port().unwrap().port()
+                } else {
+                    free_loopback_window(len).unwrap()
+                };
+                for &(other, other_len) in &taken {
+                    assert!(
+                        first + len < other || other + other_len < first,
+                        "round {round}: {first}+{len} overlaps {other}+{other_len}"
+                    );
+                }
+                taken.push((first, len));
+            }
         }
     }
 
