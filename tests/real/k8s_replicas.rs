@@ -9,7 +9,7 @@
 //! replica (issue 37 item 3).
 
 use relaylet_dev::testkit as support;
-use relaylet_dev::testkit::realk8s::{replica_process::ReplicaProcess, world};
+use relaylet_dev::testkit::realk8s::{harness, replica_process::ReplicaProcess, world};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -26,9 +26,23 @@ fn kubectl() -> relaylet_sim::tools::Kubectl {
 
 /// Each virtual node's (writer, first address, Ready) as the root has them.
 pub(super) fn nodes(w: &World) -> BTreeMap<String, (String, String, bool)> {
-    let json: serde_json::Value =
-        serde_json::from_str(&w.root.kubectl_ok(&["get", "nodes", "-o", "json"])).expect("json");
-    json["items"]
+    nodes_read_with(w.root_kubeconfig()).expect("the root's Nodes")
+}
+
+/// [`nodes`] as read with `kubeconfig`; `None` while the root apiserver does not answer.
+pub(super) fn nodes_read_with(
+    kubeconfig: &Path,
+) -> Option<BTreeMap<String, (String, String, bool)>> {
+    let out = std::process::Command::new(harness::kubectl_path())
+        .args(["get", "nodes", "-o", "json", "--request-timeout=5s"])
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("kubectl runs");
+    if !out.status.success() {
+        return None;
+    }
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let nodes = json["items"]
         .as_array()
         .into_iter()
         .flatten()
@@ -50,7 +64,8 @@ pub(super) fn nodes(w: &World) -> BTreeMap<String, (String, String, bool)> {
             (name, (writer, address, ready))
         })
         .filter(|(name, _)| name.starts_with("relaylet-leaf-"))
-        .collect()
+        .collect();
+    Some(nodes)
 }
 
 /// Waits until the virtual node of each of `leaves` is Ready and written by the replica the
@@ -325,15 +340,24 @@ pub(super) fn world_of_processes(
     leaves: &'static [&'static str],
     replicas: usize,
 ) -> (World, Vec<ReplicaProcess>) {
+    world_of_processes_started(leaves, replicas, |w, i| {
+        ReplicaProcess::start(w, i, &binary())
+    })
+}
+
+/// [`world_of_processes`], each replica started by `start` (given the world and its index).
+pub(super) fn world_of_processes_started(
+    leaves: &'static [&'static str],
+    replicas: usize,
+    mut start: impl FnMut(&World, usize) -> ReplicaProcess,
+) -> (World, Vec<ReplicaProcess>) {
     let w = World::start(Setup {
         replicas: 0,
         leaves,
         wait_for_nodes: false,
         ..Setup::default()
     });
-    let processes = (0..replicas)
-        .map(|i| ReplicaProcess::start(&w, i, &binary()))
-        .collect();
+    let processes = (0..replicas).map(|i| start(&w, i)).collect();
     w.wait_for_nodes(leaves);
     for leaf in leaves {
         w.sync_pod(leaf, "default", &pod(leaf));

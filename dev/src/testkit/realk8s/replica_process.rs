@@ -21,6 +21,18 @@ impl ReplicaProcess {
     /// Starts replica `i` of `world` from `binary` (a test's `env!("CARGO_BIN_EXE_relaylet")`),
     /// logging to `<world dir>/relaylet-<i>.log`.
     pub fn start(world: &World, i: usize, binary: &Path) -> ReplicaProcess {
+        Self::start_via(world, i, binary, None)
+    }
+
+    /// Like [`start`](Self::start), its root apiserver calls sent to `root` (a
+    /// [`Forwarder`](crate::testkit::forwarder::Forwarder) in front of the root apiserver, so a
+    /// test can cut this replica's root traffic alone) when given.
+    pub fn start_via(
+        world: &World,
+        i: usize,
+        binary: &Path,
+        root: Option<SocketAddr>,
+    ) -> ReplicaProcess {
         let env: BTreeMap<String, String> = world.replica_env(i);
         let name = env.get("POD_NAME").cloned().unwrap_or_default();
         let metrics = env
@@ -28,7 +40,13 @@ impl ReplicaProcess {
             .and_then(|a| a.parse().ok())
             .expect("a METRICS_ADDR");
         let kubeconfig = world.dir.path().join(format!("{name}.kubeconfig"));
-        std::fs::write(&kubeconfig, world.replica_kubeconfig(i)).expect("write kubeconfig");
+        let mut config = world.replica_kubeconfig(i).to_string();
+        if let Some(root) = root {
+            // The apiserver's certificate names 127.0.0.1, where the forwarder listens too.
+            assert!(config.contains(&world.root.url), "{config}");
+            config = config.replace(&world.root.url, &format!("https://{root}"));
+        }
+        std::fs::write(&kubeconfig, config).expect("write kubeconfig");
         let log = std::fs::File::create(world.dir.path().join(format!("{name}.log")))
             .expect("replica log");
         let child = Command::new(binary)
