@@ -12,6 +12,7 @@
 //! - `event`: an Event as relaylet writes one, within upstream's limits.
 //! - `micro_time`: Lease times cut to the microsecond, as the apiserver keeps them.
 //! - `leaf_row`: the `LeafCluster` row beside each leaf Secret: how that leaf is doing.
+//! - `uid`: an object UID kept in 16 bytes, not a String, in per-pod records.
 
 pub mod counterpart;
 pub mod event;
@@ -25,3 +26,4 @@ pub mod quantity;
 pub mod quote;
 pub mod slim_pod;
 pub mod status;
+pub mod uid;

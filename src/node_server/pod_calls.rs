@@ -65,7 +65,7 @@ pub(super) async fn call(
         }
     };
     if let (Some(asked), Some(actual)) = (&kreq.uid, &route.uid)
-        && asked != actual
+        && !actual.is(asked)
     {
         return Err(Refusal::new(
             StatusCode::NOT_FOUND,
@@ -87,10 +87,11 @@ pub(super) async fn call(
 
     // The leaf pod is the one the administrator's mapping and the syncer's marker name, read
     // fresh from the leaf: never one the root pod's author chose.
+    let uid = route.uid.as_ref().map(ToString::to_string);
     let root = RootPod {
         namespace: &kreq.namespace,
         name: &kreq.pod,
-        uid: route.uid.as_deref(),
+        uid: uid.as_deref(),
     };
     let target = verify_counterpart(&leaf, &server.leaf_pod_match, root)
         .await

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::model::quote::quote;
+use crate::model::uid::Uid;
 
 /// The condition types the kubelet owns (taken from the leaf); the root keeps every other.
 const KUBELET_CONDITIONS: [&str; 6] = [
@@ -34,7 +35,7 @@ const KUBELET_CONDITIONS: [&str; 6] = [
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Restarts {
     /// The leaf copy the counts are of.
-    leaf_uid: Option<String>,
+    leaf_uid: Option<Uid>,
     /// Per container, the restarts of the earlier copies (the copy's own count adds to it).
     earlier: BTreeMap<String, i32>,
 }
@@ -182,8 +183,8 @@ impl Restarts {
     /// its count after the earlier copies' restarts (and the copy's replacement counts as one).
     fn follow(&mut self, leaf_uid: Option<&str>, old: &PodStatus) {
         let Some(uid) = leaf_uid else { return };
-        match self.leaf_uid.as_deref() {
-            Some(seen) if seen != uid => {
+        match &self.leaf_uid {
+            Some(seen) if !seen.is(uid) => {
                 let all = old
                     .container_statuses
                     .iter()
@@ -193,7 +194,9 @@ impl Restarts {
             }
             _ => {}
         }
-        self.leaf_uid = Some(uid.to_string());
+        if !self.leaf_uid.as_ref().is_some_and(|seen| seen.is(uid)) {
+            self.leaf_uid = Some(Uid::new(uid));
+        }
     }
 }
 

@@ -32,12 +32,13 @@ use crate::kube_client::LeanWatch;
 use crate::leaf::Registry;
 use crate::model::counterpart::NamespaceMap;
 use crate::model::slim_pod::SlimPod;
+use crate::model::uid::Uid;
 
 /// Where a root pod's requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRoute {
     pub node_name: String,
-    pub uid: Option<String>,
+    pub uid: Option<Uid>,
 }
 
 /// Why a pod cannot be routed.
@@ -215,7 +216,7 @@ impl PodIndex {
         })?;
         let answer = found.map(|p| PodRoute {
             node_name: p.node_name().unwrap_or_default().to_string(),
-            uid: p.metadata.uid,
+            uid: p.metadata.uid.as_deref().map(Uid::new),
         });
         let mut looked_up = self.looked_up.lock().unwrap_or_else(|e| e.into_inner());
         if looked_up.len() >= LOOKUP_LIMIT {
@@ -420,7 +421,7 @@ fn route_of(pod: &SlimPod) -> Option<PodRoute> {
     let node_name = pod.node_name()?.to_string();
     Some(PodRoute {
         node_name,
-        uid: pod.metadata.uid.clone(),
+        uid: pod.metadata.uid.as_deref().map(Uid::new),
     })
 }
 
@@ -458,7 +459,7 @@ mod tests {
             route_of(&p).unwrap(),
             PodRoute {
                 node_name: "relaylet-leaf-1".into(),
-                uid: Some("u1".into()),
+                uid: Some(Uid::new("u1")),
             }
         );
     }
