@@ -506,7 +506,8 @@ fn series_of(family: &str, kind: MetricType, out: &mut Vec<String>) {
     }
 }
 
-/// The `process_*` families [`ProcessCollector`] writes, as client_golang names them.
+/// The process-wide families [`ProcessCollector`] writes: the `process_*` ones as client_golang
+/// names them, and the allocator's heap in use.
 const PROCESS_SERIES: &[(&str, MetricType, &str)] = &[
     (
         "process_resident_memory_bytes",
@@ -538,6 +539,11 @@ const PROCESS_SERIES: &[(&str, MetricType, &str)] = &[
         MetricType::Gauge,
         "Start time of the process since the Unix epoch in seconds",
     ),
+    (
+        "relaylet_heap_in_use_bytes",
+        MetricType::Gauge,
+        "Bytes glibc's allocator has handed out and not had back (mallinfo2: uordblks + hblkhd); resident memory less this is memory the allocator holds free",
+    ),
 ];
 
 fn process_registry() -> Registry {
@@ -562,6 +568,7 @@ impl Collector for ProcessCollector {
                 "process_open_fds" => figures.open_fds,
                 "process_max_fds" => figures.max_fds,
                 "process_start_time_seconds" => figures.start_time_seconds,
+                "relaylet_heap_in_use_bytes" => figures.heap_in_use_bytes,
                 _ => None,
             };
             let Some(value) = value else { continue };
@@ -588,6 +595,7 @@ struct ProcessFigures {
     open_fds: Option<f64>,
     max_fds: Option<f64>,
     start_time_seconds: Option<f64>,
+    heap_in_use_bytes: Option<f64>,
 }
 
 /// The unit of `/proc/<pid>/stat`'s times: USER_HZ, 100 on every architecture the image is
@@ -597,7 +605,10 @@ const USER_HZ: f64 = 100.0;
 impl ProcessFigures {
     fn read() -> ProcessFigures {
         let read = |path: &str| std::fs::read_to_string(path).ok();
-        let mut figures = ProcessFigures::default();
+        let mut figures = ProcessFigures {
+            heap_in_use_bytes: crate::ops::memory::heap_in_use().map(|bytes| bytes as f64),
+            ..ProcessFigures::default()
+        };
         if let Some(status) = read("/proc/self/status") {
             figures.resident_bytes = status_kib(&status, "VmRSS:").map(|k| k * 1024.0);
         }

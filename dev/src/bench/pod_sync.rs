@@ -34,6 +34,8 @@
 //!    root in that window (the Node's and its Lease's heartbeats too) and its reads of the pods;
 //! 4. relaylet's memory per synced pod: RSS with the N pods Running (5 s after the last is
 //!    Ready) over RSS before the first, per pod; and RSS 5 s after all are gone over before;
+//!    beside it the heap in use (`relaylet_heap_in_use_bytes`, glibc's `mallinfo2`) over the
+//!    same window, per pod: the live records without the pages the allocator holds free;
 //! 5. relaylet's leaf requests per pod over the same window: creates, patches, deletes and
 //!    GETs of the copies, and every request it made to the leaf apiserver (watches and probes
 //!    included); only relaylet talks to the leaf apiserver then (the kubelet stand-in and the
@@ -378,14 +380,18 @@ async fn measure(world: &World, size: Size) -> anyhow::Result<Vec<PodSyncFigure>
     eprintln!("podsync: {m} pods at once per route");
     let mut all_running = [0.0; 2];
     let mut memory = [0.0; 2];
+    let mut heap = [0.0; 2];
     for (i, route) in [direct, relayed].into_iter().enumerate() {
         let names = names(&format!("{}a", route.prefix), m);
         tokio::time::sleep(SETTLE).await;
         let before = procfs::rss_kib(pid)?;
+        let heap_before = world.relaylet.heap_in_use().await?;
         all_running[i] = route.create_all(&names).await?;
         tokio::time::sleep(SETTLE).await;
         let with = procfs::rss_kib(pid)?;
+        let heap_with = world.relaylet.heap_in_use().await?;
         memory[i] = with.saturating_sub(before) as f64 * 1024.0 / m as f64;
+        heap[i] = (heap_with - heap_before).max(0.0) / m as f64;
         route.delete_all(&names).await?;
     }
     out.both(
@@ -396,6 +402,7 @@ async fn measure(world: &World, size: Size) -> anyhow::Result<Vec<PodSyncFigure>
         m,
     );
     out.both("podsync_memory_per_pod", "B", memory[0], memory[1], m);
+    out.both("podsync_heap_per_pod", "B", heap[0], heap[1], m);
     Ok(out.0)
 }
 
@@ -847,6 +854,16 @@ impl Relaylet {
 
     /// Its failed reconciles so far (`relaylet_pod_sync_errors_total`, both sides).
     async fn sync_errors(&self) -> anyhow::Result<f64> {
+        self.metric("relaylet_pod_sync_errors_total").await
+    }
+
+    /// Its heap in use now (`relaylet_heap_in_use_bytes`), bytes.
+    async fn heap_in_use(&self) -> anyhow::Result<f64> {
+        self.metric("relaylet_heap_in_use_bytes").await
+    }
+
+    /// Metric `name` as its metrics port says now, summed over its series.
+    async fn metric(&self, name: &str) -> anyhow::Result<f64> {
         let text = tokio::time::timeout(Duration::from_secs(10), scrape(self.metrics))
             .await
             .context("relaylet's metrics did not answer within 10 s")??;
@@ -854,11 +871,7 @@ impl Relaylet {
             .split_once("\r\n\r\n")
             .map_or(text.as_str(), |(_, b)| b);
         let metrics = crate::testkit::metrics::parse(body);
-        Ok(crate::testkit::metrics::sum(
-            &metrics,
-            "relaylet_pod_sync_errors_total",
-            &[],
-        ))
+        Ok(crate::testkit::metrics::sum(&metrics, name, &[]))
     }
 
     async fn stop(mut self) {
