@@ -127,7 +127,10 @@ mod tests {
         assert!(!uid.is("3F8A2C1E-9B7D-4E5F-A6B1-0C2D3E4F5A6B"));
         assert!(!uid.is("uid-1"));
         assert!(!Uid::new("uid-1").is(a));
-        assert_ne!(Uid::new(a), Uid::new("3F8A2C1E-9B7D-4E5F-A6B1-0C2D3E4F5A6B"));
+        assert_ne!(
+            Uid::new(a),
+            Uid::new("3F8A2C1E-9B7D-4E5F-A6B1-0C2D3E4F5A6B")
+        );
         assert!(same(Some(&uid), Some(a)));
         assert!(same(None, None));
         assert!(!same(Some(&uid), None));

@@ -142,9 +142,15 @@ mod tests {
         let block = vec![1u8; BIG];
         let with = heap_in_use().unwrap();
         // Other tests allocate meanwhile: margins far from their size.
-        assert!(with >= before + BIG as u64 - (8 << 20), "{before} -> {with}");
+        assert!(
+            with >= before + BIG as u64 - (8 << 20),
+            "{before} -> {with}"
+        );
         drop(std::hint::black_box(block));
         let after = heap_in_use().unwrap();
-        assert!(after + (BIG as u64) - (8 << 20) <= with, "{with} -> {after}");
+        assert!(
+            after + (BIG as u64) - (8 << 20) <= with,
+            "{with} -> {after}"
+        );
     }
 }

@@ -433,7 +433,9 @@ impl Shared {
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node));
         // The UID as read (the last one, once the pod is gone), and the copy's last word.
         let (root_uid, said) = self.keep(key, |kept| {
-            let uid = root.as_ref().and_then(|r| r.metadata.uid.as_deref().map(Uid::new));
+            let uid = root
+                .as_ref()
+                .and_then(|r| r.metadata.uid.as_deref().map(Uid::new));
             kept.root_live = uid.is_some();
             if uid.is_some() {
                 kept.root_uid = uid;
@@ -461,7 +463,9 @@ impl Shared {
             if self.context.root_apiserver.is_some()
                 && let Some(uid) = &root_uid
             {
-                self.tokens().forget(leaf_namespace, &uid.to_string()).await?;
+                self.tokens()
+                    .forget(leaf_namespace, &uid.to_string())
+                    .await?;
             }
             return Ok(Done::Forget);
         }
