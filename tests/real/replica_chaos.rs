@@ -2,7 +2,7 @@
 //! the shipped binary, its root apiserver calls through a forwarder of its own) serve four leaves
 //! while `kubectl exec` runs against every leaf without pause, and one fault after another hits
 //! them: a pause shorter than a replica's deadline (SIGSTOP 3 s), a pause longer than its
-//! presence (SIGSTOP 15 s), one replica's root traffic black-holed for 15 s (a partition: no
+//! presence (SIGSTOP 15 s), one replica cut from the root for 15 s both ways (a partition: no
 //! error, no answer), a crash with a restart under the same name at once, a crash whose Nodes
 //! the others take over before it comes back, a leaf Secret replaced, and the root apiserver
 //! killed and restarted after an outage longer than presence. Watching the root's Nodes
@@ -234,7 +234,13 @@ fn replicas_keep_every_node_served_through_pauses_crashes_cuts_and_outages() {
                     running.set(victim, true);
                 }
                 "root cut 15 s" => {
+                    // Both ways: its calls to the root apiserver held, the root apiserver's
+                    // calls to it dropped.
                     forwarders[victim].black_hole(true);
+                    let node_server: u16 = w.replica_env(victim)["NODE_SERVER_PORT"]
+                        .parse()
+                        .expect("NODE_SERVER_PORT");
+                    let dropped = Dropped::start(&ips[victim], node_server);
                     running.set(victim, false);
                     // Its metrics port is not cut: what each replica serves, looked at
                     // throughout. The cut replica must let its Nodes go at its own deadline,
@@ -247,6 +253,7 @@ fn replicas_keep_every_node_served_through_pauses_crashes_cuts_and_outages() {
                         let_go |= now[victim] == 0.0;
                         std::thread::sleep(Duration::from_millis(200));
                     }
+                    drop(dropped);
                     forwarders[victim].black_hole(false);
                     running.set(victim, true);
                     assert!(
@@ -446,4 +453,79 @@ fn follow_logs(
         }
     }
     ended
+}
+
+/// While it lives, TCP to `ip`'s node server ports (the shared one and the `STRIDE` above it,
+/// where its Nodes' own listeners are) is dropped on this machine by an iptables rule, as a
+/// partition drops the root apiserver's calls to a replica. A rule left by a test process that
+/// was killed is removed by the next.
+struct Dropped {
+    rule: Vec<String>,
+}
+
+/// The comment on the rules, followed by the owning process's ID.
+const DROPPED_MARK: &str = "relaylet-test-drop-";
+
+impl Dropped {
+    fn start(ip: &str, node_server: u16) -> Dropped {
+        for stale in iptables(&["-S", "INPUT"]).lines() {
+            let Some(pid) = stale
+                .split(DROPPED_MARK)
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            else {
+                continue;
+            };
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                let rule: Vec<&str> = stale.split_whitespace().skip(2).collect();
+                let mut args = vec!["-D", "INPUT"];
+                args.extend(rule.iter().map(|part| part.trim_matches('"')));
+                iptables(&args);
+            }
+        }
+        let rule: Vec<String> = [
+            "INPUT",
+            "-d",
+            ip,
+            "-p",
+            "tcp",
+            "--dport",
+            &format!("{node_server}:{}", node_server + 31),
+            "-m",
+            "comment",
+            "--comment",
+            &format!("{DROPPED_MARK}{}", std::process::id()),
+            "-j",
+            "DROP",
+        ]
+        .iter()
+        .map(|part| part.to_string())
+        .collect();
+        let mut args = vec!["-I"];
+        args.extend(rule.iter().map(String::as_str));
+        iptables(&args);
+        Dropped { rule }
+    }
+}
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        let mut args = vec!["-D"];
+        args.extend(self.rule.iter().map(String::as_str));
+        iptables(&args);
+    }
+}
+
+/// Runs iptables; its output. Panics if it fails.
+fn iptables(args: &[&str]) -> String {
+    let out = std::process::Command::new("iptables")
+        .args(args)
+        .output()
+        .expect("iptables runs");
+    assert!(
+        out.status.success(),
+        "iptables {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
