@@ -6,8 +6,9 @@
 //!   NetworkPolicy). At least one must be;
 //! - every leaf Secret (`--leaf-label` in `--leaf-namespace`) has its virtual Node, this
 //!   install's, naming that leaf, and Ready; the node name is what relaylet itself derives
-//!   ([`secret_names`]). A Secret relaylet refused has a `LeafSecretRefused` Warning Event: its
-//!   note is printed.
+//!   ([`secret_names`]). When it is not, the Secret's `LeafCluster` row (`model::leaf_row`,
+//!   which lasts, unlike the refusal's Event) says why: a refusal's reason and message are
+//!   printed.
 //!
 //! It waits up to `--timeout` for every check to pass, then exits 0 only if none failed.
 //! [`judge`] is the whole decision, from what was read, with no I/O.
@@ -16,16 +17,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
 use super::output::Output;
+use super::rows;
 use crate::config::{DEFAULT_LEAF_SECRET_LABEL, parse_duration};
-use crate::leaf::{REFUSAL_EVENT_REASON, secret_names};
-use crate::model::node_ownership::{LEAF_LABEL, MANAGED_BY_LABEL, ownership};
+use crate::leaf::secret_names;
+use crate::model::leaf_row::LeafStatus;
+use crate::model::node_ownership::{LEAF_LABEL, MANAGED_BY_LABEL, OWNER_LABEL, ownership};
 use crate::model::quote::quote;
 
 pub const USAGE: &str = "usage: relaylet check --selector <label selector> [--namespace <ns>] [--leaf-namespace <ns>]
@@ -122,8 +123,8 @@ pub struct Observed {
     /// The leaf Secrets' metadata (their kubeconfigs are never read).
     pub secrets: Result<Vec<ObjectMeta>, String>,
     pub nodes: Result<BTreeMap<String, Node>, String>,
-    /// `LeafSecretRefused` Events in the leaf namespace (none when they cannot be read).
-    pub refusals: Result<Vec<Event>, String>,
+    /// This install's `LeafCluster` rows in the leaf namespace, by name (the Secret's).
+    pub rows: Result<BTreeMap<String, LeafStatus>, String>,
 }
 
 /// How one check stands.
@@ -177,9 +178,9 @@ pub fn judge(scope: &Scope, seen: &Observed) -> Vec<Line> {
     for secret in secrets {
         lines.push(leaf_line(scope, seen, secret));
     }
-    if let Err(err) = &seen.refusals {
+    if let Err(err) = &seen.rows {
         lines.push(passed(format!(
-            "(the Events that say why relaylet refused a Secret could not be read: {err})"
+            "(the LeafCluster rows that say why a leaf has no Node could not be read: {err})"
         )));
     }
     lines
@@ -282,19 +283,28 @@ fn leaf_line(scope: &Scope, seen: &Observed, secret: &ObjectMeta) -> Line {
         }
     };
     let about = format!("leaf {leaf} (Secret {secret_name}, Node {node_name})");
-    let refusal = latest_refusal(seen, secret);
+    let row = seen
+        .rows
+        .as_ref()
+        .ok()
+        .and_then(|rows| rows.get(secret_name));
+    let refusal = row.and_then(|row| Refusal::of(row, secret));
     let nodes = match &seen.nodes {
         Ok(nodes) => nodes,
         Err(err) => return failed(format!("{about}: listing Nodes: {err}")),
     };
     let Some(node) = nodes.get(&node_name) else {
-        return failed(match refusal {
-            Some(r) => format!(
+        return failed(match (&refusal, row) {
+            (Some(r), _) => format!(
                 "{about}: no Node; relaylet refused the Secret: {}",
                 r.said()
             ),
-            None => format!(
-                "{about}: no Node, and no refusal Event on the Secret (is relaylet watching {} with label {}?)",
+            (None, Some(row)) => format!(
+                "{about}: no Node yet; its LeafCluster row says {}: {}",
+                row.reason, row.message
+            ),
+            (None, None) => format!(
+                "{about}: no Node, and no LeafCluster row for the Secret (is relaylet watching {} with label {}?)",
                 scope.leaf_namespace, scope.leaf_label
             ),
         });
@@ -328,18 +338,15 @@ fn leaf_line(scope: &Scope, seen: &Observed, secret: &ObjectMeta) -> Line {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
     match ready {
-        Some(c) if c.status == "True" => {
-            // A refusal of this very version of the Secret after the Node turned Ready: the
-            // Node is another Secret's (an older one kept the names).
-            let since = c.last_transition_time.as_ref().map(|t| t.0);
-            match refusal {
-                Some(r) if r.current && since.is_none_or(|since| r.at > since) => failed(format!(
-                    "{about}: the Node is Ready but relaylet refused this Secret: {}",
-                    r.said()
-                )),
-                _ => passed(format!("{about}: Ready")),
-            }
-        }
+        Some(c) if c.status == "True" => match refusal {
+            // This very version of the Secret refused: the Node goes on from an earlier
+            // version, or is another Secret's that kept the names.
+            Some(r) if r.current => failed(format!(
+                "{about}: the Node is Ready but relaylet refused this Secret: {}",
+                r.said()
+            )),
+            _ => passed(format!("{about}: Ready")),
+        },
         Some(c) => {
             let reason = c.reason.as_deref().unwrap_or("no reason given");
             let message = c.message.as_deref().map(quote).unwrap_or_default();
@@ -352,51 +359,30 @@ fn leaf_line(scope: &Scope, seen: &Observed, secret: &ObjectMeta) -> Line {
     }
 }
 
-/// The latest `LeafSecretRefused` Event about a Secret.
+/// A refusal a Secret's row tells of.
 struct Refusal {
-    note: String,
-    at: Timestamp,
+    /// The row's reason and message.
+    said: String,
     /// About the Secret as it is now (its resourceVersion), not an earlier version of it.
     current: bool,
 }
 
 impl Refusal {
+    fn of(row: &LeafStatus, secret: &ObjectMeta) -> Option<Refusal> {
+        row.refused().then(|| Refusal {
+            said: format!("{}: {}", row.reason, row.message),
+            current: row.secret_resource_version.is_some()
+                && row.secret_resource_version == secret.resource_version,
+        })
+    }
+
     fn said(&self) -> String {
         if self.current {
-            self.note.clone()
+            self.said.clone()
         } else {
-            format!("{} (about an earlier version of the Secret)", self.note)
+            format!("{} (about an earlier version of the Secret)", self.said)
         }
     }
-}
-
-fn latest_refusal(seen: &Observed, secret: &ObjectMeta) -> Option<Refusal> {
-    let events = seen.refusals.as_ref().ok()?;
-    events
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some(REFUSAL_EVENT_REASON))
-        .filter_map(|e| {
-            let about = e.regarding.as_ref()?;
-            let same = about.kind.as_deref() == Some("Secret")
-                && about.name == secret.name
-                && (about.uid.is_none() || secret.uid.is_none() || about.uid == secret.uid);
-            if !same {
-                return None;
-            }
-            let at = e
-                .event_time
-                .as_ref()
-                .map(|t| t.0)
-                .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
-                .unwrap_or(Timestamp::UNIX_EPOCH);
-            Some(Refusal {
-                note: quote(e.note.as_deref().unwrap_or("no note")),
-                at,
-                current: about.resource_version.is_some()
-                    && about.resource_version == secret.resource_version,
-            })
-        })
-        .max_by_key(|r| r.at)
 }
 
 /// `relaylet check ARGS`: prints the lines; an error when a check failed (or none could run).
@@ -469,21 +455,21 @@ async fn observe(root: &Client, scope: &Scope) -> Observed {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(root.clone(), &scope.leaf_namespace);
     let nodes: Api<Node> = Api::all(root.clone());
-    let events: Api<Event> = Api::namespaced(root.clone(), &scope.leaf_namespace);
+    let rows = rows::api(root, &scope.leaf_namespace);
     let text = |e: kube::Error| e.to_string();
-    // relaylet's Nodes only: a Secret naming another's Node is refused, and its Event says so.
+    // relaylet's Nodes only: a Secret naming another's Node is refused, and its row says so.
     let managed_by = format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1);
-    let (by_selector, by_leaf_label, by_owner, by_reason) = (
+    let (by_selector, by_leaf_label, by_owner, by_install) = (
         ListParams::default().labels(&scope.selector),
         ListParams::default().labels(&scope.leaf_label),
         ListParams::default().labels(&managed_by),
-        ListParams::default().fields(&format!("reason={REFUSAL_EVENT_REASON}")),
+        ListParams::default().labels(&format!("{OWNER_LABEL}={}", scope.namespace)),
     );
-    let (pods, secrets, nodes, refusals) = tokio::join!(
+    let (pods, secrets, nodes, rows) = tokio::join!(
         pods.list(&by_selector),
         secrets.list_metadata(&by_leaf_label),
         nodes.list(&by_owner),
-        events.list(&by_reason),
+        rows.list(&by_install),
     );
     Observed {
         pods: pods.map(|l| l.items).map_err(text),
@@ -498,7 +484,14 @@ async fn observe(root: &Client, scope: &Scope) -> Observed {
                     .collect()
             })
             .map_err(text),
-        refusals: refusals.map(|l| l.items).map_err(text),
+        rows: rows
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter_map(|row| Some((row.name_any(), rows::status(row)?)))
+                    .collect()
+            })
+            .map_err(text),
     }
 }
 
@@ -556,15 +549,27 @@ mod tests {
         (name.to_string(), node)
     }
 
-    fn refusal(secret: &str, resource_version: &str, at: &str, note: &str) -> Event {
-        serde_json::from_value(json!({
-            "metadata": {"name": format!("{secret}.1"), "namespace": "relaylet"},
-            "eventTime": at,
-            "reason": REFUSAL_EVENT_REASON, "type": "Warning", "note": note,
-            "regarding": {"kind": "Secret", "name": secret, "namespace": "relaylet",
-                "uid": format!("uid-{secret}"), "resourceVersion": resource_version},
-        }))
-        .expect("an Event")
+    /// A row as relaylet writes it: `reason` and `message` about the Secret's version
+    /// `resource_version`.
+    fn row(
+        secret: &str,
+        resource_version: &str,
+        reason: &str,
+        message: &str,
+    ) -> (String, LeafStatus) {
+        let status = LeafStatus {
+            ready: if reason == "LeafReady" {
+                "True"
+            } else {
+                "False"
+            }
+            .into(),
+            reason: reason.into(),
+            message: message.into(),
+            secret_resource_version: Some(resource_version.into()),
+            ..LeafStatus::default()
+        };
+        (secret.to_string(), status)
     }
 
     struct Case {
@@ -572,7 +577,7 @@ mod tests {
         pods: Vec<Pod>,
         secrets: Vec<ObjectMeta>,
         nodes: Vec<(String, Node)>,
-        events: Vec<Event>,
+        rows: Vec<(String, LeafStatus)>,
         /// Each line's start, in order.
         lines: Vec<&'static str>,
         settled: bool,
@@ -589,7 +594,7 @@ mod tests {
                 pods: ready_pods(),
                 secrets: vec![],
                 nodes: vec![],
-                events: vec![],
+                rows: vec![],
                 lines: vec![
                     "ok   relaylet pods: 2 of 2 Ready (app.kubernetes.io/name=relaylet,app.kubernetes.io/instance=relaylet in namespace relaylet)",
                     "ok   leaf Secrets: none labelled relaylet.io/leaf-cluster in namespace relaylet",
@@ -612,7 +617,7 @@ mod tests {
                     node("relaylet-leaf-1", "leaf-1", "relaylet", "True"),
                     node("relaylet-second", "leaf-2", "relaylet", "True"),
                 ],
-                events: vec![],
+                rows: vec![],
                 lines: vec![
                     "ok   relaylet pods: 2 of 2",
                     "ok   leaf leaf-2 (Secret leaf-two, Node relaylet-second): Ready",
@@ -626,7 +631,7 @@ mod tests {
                 pods: vec![pod("relaylet-a", true), pod("relaylet-b", false)],
                 secrets: vec![],
                 nodes: vec![],
-                events: vec![],
+                rows: vec![],
                 lines: vec![
                     "ok   relaylet pods: 1 of 2 Ready (app.kubernetes.io/name=relaylet,app.kubernetes.io/instance=relaylet in namespace relaylet); not Ready: relaylet-b (Pending)",
                     "ok   leaf Secrets: none",
@@ -639,7 +644,7 @@ mod tests {
                 pods: vec![pod("relaylet-a", false)],
                 secrets: vec![],
                 nodes: vec![],
-                events: vec![],
+                rows: vec![],
                 lines: vec![
                     "FAIL relaylet pods: 0 of 1 Ready",
                     "ok   leaf Secrets: none",
@@ -652,7 +657,7 @@ mod tests {
                 pods: ready_pods(),
                 secrets: vec![leaf_1()],
                 nodes: vec![node("relaylet-leaf-1", "leaf-1", "relaylet", "False")],
-                events: vec![],
+                rows: vec![],
                 lines: vec![
                     "ok   relaylet pods",
                     "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): not Ready (False): LeafUnreachable: dial tcp 10.9.9.9:6443: connect: connection refused",
@@ -661,19 +666,19 @@ mod tests {
                 passed: false,
             },
             Case {
-                name: "a refused Secret: no Node, the Event's note",
+                name: "a refused Secret: no Node, the row's reason and message",
                 pods: ready_pods(),
                 secrets: vec![leaf_1()],
                 nodes: vec![],
-                events: vec![refusal(
+                rows: vec![row(
                     "relaylet-leaf-leaf-1",
                     "7",
-                    "2026-11-29T12:00:00.000000Z",
+                    "SecretRefusedExecPlugin",
                     "kubeconfig: user \"u\" has an exec plugin",
                 )],
                 lines: vec![
                     "ok   relaylet pods",
-                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node; relaylet refused the Secret: kubeconfig: user \"u\" has an exec plugin",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node; relaylet refused the Secret: SecretRefusedExecPlugin: kubeconfig: user \"u\" has an exec plugin",
                 ],
                 settled: false,
                 passed: false,
@@ -683,60 +688,96 @@ mod tests {
                 pods: ready_pods(),
                 secrets: vec![leaf_1()],
                 nodes: vec![],
-                events: vec![refusal(
+                rows: vec![row(
                     "relaylet-leaf-leaf-1",
                     "3",
-                    "2026-11-29T12:00:00.000000Z",
+                    "SecretRefusedKubeconfig",
                     "no \"kubeconfig\" key",
                 )],
                 lines: vec![
                     "ok   relaylet pods",
-                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node; relaylet refused the Secret: no \"kubeconfig\" key (about an earlier version of the Secret)",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node; relaylet refused the Secret: SecretRefusedKubeconfig: no \"kubeconfig\" key (about an earlier version of the Secret)",
                 ],
                 settled: false,
                 passed: false,
             },
             Case {
-                name: "no Node and no Event: not seen yet",
+                name: "no Node and no row: not seen yet",
                 pods: ready_pods(),
                 secrets: vec![leaf_1()],
                 nodes: vec![],
-                events: vec![],
+                rows: vec![],
                 lines: vec![
                     "ok   relaylet pods",
-                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node, and no refusal Event",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node, and no LeafCluster row for the Secret (is relaylet watching relaylet with label relaylet.io/leaf-cluster?)",
                 ],
                 settled: false,
                 passed: false,
             },
             Case {
-                name: "a Ready Node whose names an older Secret kept: this one's refusal came after",
+                name: "no Node, a row not refused: what it says",
+                pods: ready_pods(),
+                secrets: vec![leaf_1()],
+                nodes: vec![],
+                rows: vec![row(
+                    "relaylet-leaf-leaf-1",
+                    "7",
+                    "Registered",
+                    "no replica serves its Node yet",
+                )],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): no Node yet; its LeafCluster row says Registered: no replica serves its Node yet",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "a NotReady Node and a refused newer version: both said",
+                pods: ready_pods(),
+                secrets: vec![leaf_1()],
+                nodes: vec![node("relaylet-leaf-1", "leaf-1", "relaylet", "False")],
+                rows: vec![row(
+                    "relaylet-leaf-leaf-1",
+                    "7",
+                    "SecretRefusedProxy",
+                    "the Secret's latest version was refused (the Node goes on from the earlier one): proxy-url: not https",
+                )],
+                lines: vec![
+                    "ok   relaylet pods",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): not Ready (False): LeafUnreachable: dial tcp 10.9.9.9:6443: connect: connection refused second line; relaylet refused the Secret: SecretRefusedProxy: the Secret's latest version was refused",
+                ],
+                settled: false,
+                passed: false,
+            },
+            Case {
+                name: "a Ready Node whose names an older Secret kept: this one is refused",
                 pods: ready_pods(),
                 secrets: vec![leaf_1()],
                 nodes: vec![node("relaylet-leaf-1", "leaf-1", "relaylet", "True")],
-                events: vec![refusal(
+                rows: vec![row(
                     "relaylet-leaf-leaf-1",
                     "7",
-                    "2026-11-29T12:05:00.000000Z",
+                    "SecretRefusedLeafNameTaken",
                     "leaf name \"leaf-1\" is already used by leaf Secret old",
                 )],
                 lines: vec![
                     "ok   relaylet pods",
-                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): the Node is Ready but relaylet refused this Secret: leaf name",
+                    "FAIL leaf leaf-1 (Secret relaylet-leaf-leaf-1, Node relaylet-leaf-1): the Node is Ready but relaylet refused this Secret: SecretRefusedLeafNameTaken: leaf name",
                 ],
                 settled: false,
                 passed: false,
             },
             Case {
-                name: "a refusal before the Node turned Ready (a retried node check) is past",
+                name: "a refusal of an earlier version, the Node Ready: the row not rewritten yet",
                 pods: ready_pods(),
                 secrets: vec![leaf_1()],
                 nodes: vec![node("relaylet-leaf-1", "leaf-1", "relaylet", "True")],
-                events: vec![refusal(
+                rows: vec![row(
                     "relaylet-leaf-leaf-1",
-                    "7",
-                    "2026-11-29T11:59:00.000000Z",
-                    "checking whether Node \"relaylet-leaf-1\" exists: timeout",
+                    "3",
+                    "SecretRefusedKubeconfig",
+                    "no \"kubeconfig\" key",
                 )],
                 lines: vec![
                     "ok   relaylet pods",
@@ -753,7 +794,7 @@ mod tests {
                     node("relaylet-leaf-1", "leaf-1", "other-ns", "True"),
                     node("relaylet-leaf-b", "leaf-x", "relaylet", "True"),
                 ],
-                events: vec![],
+                rows: vec![],
                 lines: vec![
                     "ok   relaylet pods",
                     "FAIL leaf leaf-b (Secret b, Node relaylet-leaf-b): the Node is leaf \"leaf-x\"'s",
@@ -763,7 +804,7 @@ mod tests {
                 passed: false,
             },
             Case {
-                name: "names relaylet refuses by its own rules, before any Event",
+                name: "names relaylet refuses by its own rules, before any row",
                 pods: ready_pods(),
                 secrets: vec![
                     secret("bad", "Leaf_1", json!({})),
@@ -774,7 +815,7 @@ mod tests {
                     ),
                 ],
                 nodes: vec![],
-                events: vec![],
+                rows: vec![],
                 lines: vec![
                     "ok   relaylet pods",
                     "FAIL leaf Secret bad: refused by relaylet's rules: label relaylet.io/leaf-cluster: \"Leaf_1\" must be a DNS label",
@@ -789,7 +830,7 @@ mod tests {
                 pods: Ok(case.pods),
                 secrets: Ok(case.secrets),
                 nodes: Ok(case.nodes.into_iter().collect()),
-                refusals: Ok(case.events),
+                rows: Ok(case.rows.into_iter().collect()),
             };
             let lines = judge(&scope(), &seen);
             let shown: Vec<String> = lines.iter().map(ToString::to_string).collect();
@@ -823,7 +864,7 @@ mod tests {
             pods: Err("pods is forbidden: cannot list".into()),
             secrets: Ok(vec![secret("s", "leaf-1", json!({}))]),
             nodes: Err("nodes is forbidden".into()),
-            refusals: Err("events.events.k8s.io is forbidden".into()),
+            rows: Err("leafclusters.relaylet.io is forbidden".into()),
         };
         let shown: Vec<String> = judge(&scope(), &seen)
             .iter()
@@ -834,14 +875,14 @@ mod tests {
             [
                 "FAIL relaylet pods: listing app.kubernetes.io/name=relaylet,app.kubernetes.io/instance=relaylet in namespace relaylet: pods is forbidden: cannot list",
                 "FAIL leaf leaf-1 (Secret s, Node relaylet-leaf-1): listing Nodes: nodes is forbidden",
-                "ok   (the Events that say why relaylet refused a Secret could not be read: events.events.k8s.io is forbidden)",
+                "ok   (the LeafCluster rows that say why a leaf has no Node could not be read: leafclusters.relaylet.io is forbidden)",
             ]
         );
         let secrets_forbidden = Observed {
             pods: Ok(vec![pod("p", true)]),
             secrets: Err("secrets is forbidden".into()),
             nodes: Ok(BTreeMap::new()),
-            refusals: Ok(vec![]),
+            rows: Ok(BTreeMap::new()),
         };
         let lines = judge(&scope(), &secrets_forbidden);
         assert!(!passed_all(&lines));

@@ -280,7 +280,7 @@ fn verdict(status: &LeafStatus, version: &str) -> Verdict {
     if status.secret_resource_version.as_deref() != Some(version) {
         return Verdict::Waiting("relaylet has not read the new Secret yet".into());
     }
-    if status.reason.starts_with("SecretRefused") {
+    if status.refused() {
         return Verdict::Refused(format!("{}: {}", status.reason, status.message));
     }
     match status.ready.as_str() {

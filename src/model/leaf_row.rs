@@ -12,8 +12,10 @@ pub const GROUP: &str = "relaylet.io";
 pub const VERSION: &str = "v1alpha1";
 pub const KIND: &str = "LeafCluster";
 pub const PLURAL: &str = "leafclusters";
-/// The label on every row: which install wrote it (the install's namespace).
-pub const OWNER_LABEL: &str = "relaylet.io/owner";
+/// The label on every row: which install wrote it (the install's namespace), as on its Nodes.
+pub use crate::model::node_ownership::OWNER_LABEL;
+/// The start of every refusal's reason (`SecretRefusedExecPlugin`).
+pub const REFUSED_REASON_PREFIX: &str = "SecretRefused";
 
 /// The rows' API resource, for kube's dynamic API.
 pub fn api_resource() -> kube::api::ApiResource {
@@ -60,6 +62,14 @@ pub struct LeafStatus {
     /// the row is about its version, not an earlier one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_resource_version: Option<String>,
+}
+
+impl LeafStatus {
+    /// Whether relaylet refused the Secret version this row speaks of
+    /// (`secret_resource_version`).
+    pub fn refused(&self) -> bool {
+        self.reason.starts_with(REFUSED_REASON_PREFIX)
+    }
 }
 
 /// The Secret a row belongs to.

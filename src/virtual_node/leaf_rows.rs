@@ -90,7 +90,8 @@ pub(super) fn refused_status(refused: &Refused) -> LeafStatus {
 
 fn refused_reason(refused: &Refused) -> String {
     format!(
-        "SecretRefused{}",
+        "{}{}",
+        leaf_row::REFUSED_REASON_PREFIX,
         leaf_row::camel_case(refused.refusal.reason())
     )
 }

@@ -777,9 +777,6 @@ fn expected_permissions(
         &["list", "watch", "patch"],
     ));
     g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["create"]));
-    // helmTest.enabled (the default): the hook, `relaylet check` as this ServiceAccount, reads
-    // the refusal Events (src/cli/check.rs).
-    g.extend(grant(leaf_ns, "events.k8s.io", "events", "", &["list"]));
     // src/virtual_node/leaf_rows.rs: the row beside each leaf Secret.
     g.extend(grant(
         leaf_ns,
@@ -2575,10 +2572,12 @@ fn the_helm_test_hook_follows_its_values_and_relaylets() {
         spec.tolerations.clone().unwrap()[0].key.as_deref(),
         Some("infra")
     );
+    // The hook reads the LeafCluster rows beside the leaf Secrets, as relaylet's own
+    // ServiceAccount (which lists them there anyway).
     assert!(tuned.permissions().contains(&(
         "leaves".to_string(),
-        "events.k8s.io".to_string(),
-        "events".to_string(),
+        "relaylet.io".to_string(),
+        "leafclusters".to_string(),
         String::new(),
         "list".to_string()
     )));
@@ -2591,15 +2590,11 @@ fn the_helm_test_hook_follows_its_values_and_relaylets() {
 
     let off = Rendered::render(&ValueSet::defaults().with(&["--set", "helmTest.enabled=false"]));
     assert!(off.test_pods.is_empty());
-    let mut want = expected_permissions(true, true, true, true, false, NAMESPACE);
-    want.remove(&(
-        NAMESPACE.to_string(),
-        "events.k8s.io".to_string(),
-        "events".to_string(),
-        String::new(),
-        "list".to_string(),
-    ));
-    assert_eq!(off.permissions(), want, "off: relaylet reads no Events");
+    assert_eq!(
+        off.permissions(),
+        expected_permissions(true, true, true, true, false, NAMESPACE),
+        "off: the hook asks for no rights of its own"
+    );
 }
 
 #[test]

@@ -327,7 +327,7 @@ fn helm_test(w: &World) -> Output {
 /// ServiceAccount and securityContexts): it passes with the check's lines in its log; with a
 /// leaf Secret whose apiserver relaylet's pod cannot reach and one relaylet refuses, it fails,
 /// its log (the failed pod is kept) naming the first leaf and its Node's condition, and the
-/// second with the refusal Event's note, while the good leaf still passes; with both Secrets
+/// second with the refusal its LeafCluster row holds, while the good leaf still passes; with both Secrets
 /// gone it passes again.
 #[test]
 fn helm_test_passes_and_fails_naming_the_leaf_that_is_not_ready() {
@@ -436,9 +436,9 @@ fn helm_test_passes_and_fails_naming_the_leaf_that_is_not_ready() {
     );
     assert!(
         log.lines().any(|l| l.starts_with(
-            "FAIL leaf refused (Secret relaylet-leaf-refused, Node relaylet-refused): no Node; relaylet refused the Secret: kubeconfig user \"u\": exec is not allowed"
-        )),
-        "the refusal Event's note, read by the hook: {log}"
+            "FAIL leaf refused (Secret relaylet-leaf-refused, Node relaylet-refused): no Node; relaylet refused the Secret: SecretRefused"
+        ) && l.contains(": kubeconfig user \"u\": exec is not allowed")),
+        "the refusal on the Secret's LeafCluster row, read by the hook: {log}"
     );
     assert!(log.contains("check: 2 of 4 checks failed"), "{log}");
     let phase = root_get(
