@@ -51,8 +51,8 @@ RUN mkdir -p src sim/src dev/src \
         "$out"/.fingerprint/relaylet-*
 
 # The code. Touch it so cargo never mistakes it for the stubs built above. `relaylet join`
-# embeds the leaf manifest.
-COPY deploy/leaf-rbac.yaml deploy/leaf-rbac.yaml
+# embeds the leaf manifests.
+COPY deploy/leaf-rbac.yaml deploy/leaf-rbac-namespaced.yaml deploy/leaf-rbac-exec-only.yaml deploy/
 COPY src src
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --package relaylet --target "$(cat /rust-target)" \

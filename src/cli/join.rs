@@ -14,7 +14,7 @@ use kube::api::{Api, Patch, PatchParams};
 
 use super::args::{Flags, Takes};
 use super::contexts::Cluster;
-use super::leaf_access::{self, LeafKubeconfig};
+use super::leaf_access::{self, Access, LeafKubeconfig};
 use super::output::Output;
 use super::rows;
 use crate::config::DEFAULT_LEAF_SECRET_LABEL;
@@ -27,7 +27,7 @@ use crate::model::node_overrides::{NODE_LABELS_ANNOTATION, NODE_TAINTS_ANNOTATIO
 
 pub const USAGE: &str = "usage: relaylet join --name LEAF [flags]
 
-Registers a leaf cluster: relaylet's ServiceAccount and RBAC in the leaf (deploy/leaf-rbac.yaml,
+Registers a leaf cluster: relaylet's ServiceAccount and RBAC in the leaf (a deploy/leaf-rbac*.yaml,
 built in), a token for it, the leaf Secret in the root; then waits for the leaf's Node.
 
   --name LEAF              leaf name, a DNS label (the Secret is relaylet-leaf-LEAF) (required)
@@ -35,6 +35,13 @@ built in), a token for it, the leaf Secret in the root; then waits for the leaf'
   --root-context CONTEXT   kubeconfig context of the root (default: the current context)
   --namespace NS           where relaylet watches leaf Secrets (default: relaylet)
   --leaf-server URL        the leaf apiserver as relaylet's pods reach it (default: the context's)
+  --access KIND            what relaylet may do in the leaf: full (default: streams to every pod,
+                           pods run in any namespace; deploy/leaf-rbac.yaml), namespaced (streams
+                           and pods only in --access-namespaces, which must exist;
+                           deploy/leaf-rbac-namespaced.yaml) or exec-only (the relay alone, for an
+                           install whose pods another syncer runs; deploy/leaf-rbac-exec-only.yaml).
+                           What another kind granted beyond it is removed
+  --access-namespaces NS,...  the leaf namespaces of --access namespaced
   --proxy-url URL          reach the leaf through this proxy (http://, https://, socks5://)
   --proxy-ca FILE          PEM CA that verifies an https:// proxy
   --proxy-client-cert FILE, --proxy-client-key FILE
@@ -56,6 +63,8 @@ const TAKES: Takes<'static> = Takes {
         "root-context",
         "namespace",
         "leaf-server",
+        "access",
+        "access-namespaces",
         "proxy-url",
         "proxy-ca",
         "proxy-client-cert",
@@ -88,16 +97,23 @@ pub async fn run(args: &[String]) -> anyhow::Result<()> {
     let token_duration = flags.duration("token-duration", Duration::from_secs(168 * 3600))?;
     let timeout = flags.duration("timeout", Duration::from_secs(120))?;
     let proxy_files = proxy_files(&flags)?;
+    let access = Access::parse(flags.get("access"), flags.get("access-namespaces"))?;
     let mut out = Output::stderr();
     let leaf = Cluster::of(flags.get("leaf-context"), "leaf").await?;
     let root = Cluster::of(flags.get("root-context"), "root").await?;
 
-    let applied = leaf_access::apply(&leaf.client).await?;
+    let (applied, removed) = leaf_access::apply(&leaf.client, &access).await?;
     out.done(&format!(
         "leaf ({}): applied {}",
         leaf.context,
         applied.join(", ")
     ));
+    if !removed.is_empty() {
+        out.done(&format!(
+            "leaf: removed what the access asked for does not grant: {}",
+            removed.join(", ")
+        ));
+    }
     let (token, expires) = leaf_access::token(&leaf.client, token_duration).await?;
     out.done(&format!(
         "leaf: a token for {}/{} that expires at {expires}",

@@ -6,6 +6,8 @@
 //! status prints the same rows; unjoin leaves no Node, Secret or row in the root and nothing of
 //! relaylet's in the leaf, including the copies of the pods relaylet ran there. A short-lived
 //! token is renewed by relaylet before it expires, while a session through it carries on.
+//! Joined with namespaced access, relaylet may stream and run pods only in the namespaces
+//! named (what an earlier full join granted is taken back), and unjoin removes that too.
 
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
@@ -315,6 +317,117 @@ fn join_fails_naming_why_when_relaylet_cannot_reach_the_leaf_or_refuses_its_secr
     args.extend(contexts(w, &leaf));
     let out = relaylet(w, &leaf, &args);
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    w.wait_for_node_ready(&virtual_node("leaf-1"));
+}
+
+/// Whether relaylet's leaf ServiceAccount may `verb` `resource` in `namespace` of `leaf`.
+fn leaf_may(leaf: &ControlPlane, verb: &str, resource: &str, namespace: &str) -> bool {
+    // `can-i` exits 1 for "no".
+    let out = Command::new(support::realk8s::harness::kubectl_path())
+        .args(["auth", "can-i", verb, resource, "-n", namespace])
+        .args(["--as", "system:serviceaccount:relaylet:relaylet-leaf"])
+        .env("KUBECONFIG", &leaf.admin_kubeconfig)
+        .output()
+        .expect("kubectl runs");
+    text(&out.stdout).trim() == "yes"
+}
+
+#[test]
+fn join_with_namespaced_access_grants_streams_only_there_and_narrows_an_earlier_full_join() {
+    let w = world();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let leaf = unregistered_leaf(w, "scoped");
+    let node = virtual_node("scoped");
+    leaf.kubectl_ok(&["create", "namespace", "team-a"]);
+
+    // A namespace the leaf lacks: refused before anything is written.
+    let mut args = vec![
+        "join",
+        "--name",
+        "scoped",
+        "--access",
+        "namespaced",
+        "--access-namespaces",
+        "team-a,team-b",
+    ];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    assert_ne!(out.status.code(), Some(0), "{}", shown(&out));
+    assert!(
+        text(&out.stderr).contains("namespace team-b does not exist in the leaf: create it first"),
+        "{}",
+        shown(&out)
+    );
+    assert!(!exists(&leaf, &["namespace", "relaylet"]));
+
+    // Full access first, as the default join gives.
+    let mut args = vec!["join", "--name", "scoped", "--timeout", "120s"];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    assert!(leaf_may(&leaf, "create", "pods/exec", "default"));
+
+    // Joined again with namespaced access: the cluster-wide grant goes, team-a keeps it.
+    let mut args = vec![
+        "join",
+        "--name",
+        "scoped",
+        "--access",
+        "namespaced",
+        "--access-namespaces",
+        "team-a",
+        "--timeout",
+        "120s",
+    ];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    eprintln!("{}", shown(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("RoleBinding/relaylet-leaf-streams")
+            && said.contains("removed what the access asked for does not grant: ")
+            && said.contains("ClusterRoleBinding/relaylet-leaf"),
+        "{said}"
+    );
+    assert!(!exists(&leaf, &["clusterrolebinding", "relaylet-leaf"]));
+    assert!(leaf_may(&leaf, "create", "pods/exec", "team-a"));
+    assert!(!leaf_may(&leaf, "create", "pods/exec", "default"));
+    assert!(!leaf_may(&leaf, "create", "pods", "default"));
+    assert!(
+        leaf_may(&leaf, "list", "pods", "default"),
+        "the reads stay cluster-wide"
+    );
+    assert_eq!(node_ready(w, &node), "True");
+
+    // relaylet runs a root pod of team-a there.
+    w.root.kubectl_ok(&["create", "namespace", "team-a"]);
+    w.root.kubectl_stdin_ok(
+        &["apply", "-f", "-"],
+        Some(&demo_pod("team-a", "scoped-app", &node, None)),
+    );
+    eventually("the pod's copy in the leaf's team-a", || {
+        exists(&leaf, &["pod", "-n", "team-a", "scoped-app"])
+    });
+
+    let mut args = vec!["unjoin", "--name", "scoped", "--timeout", "180s"];
+    args.extend(contexts(w, &leaf));
+    let out = relaylet(w, &leaf, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
+    assert!(!exists(
+        &leaf,
+        &["rolebinding", "-n", "team-a", "relaylet-leaf-streams"]
+    ));
+    for role in ["relaylet-leaf-read", "relaylet-leaf-streams"] {
+        assert!(!exists(&leaf, &["clusterrole", role]), "{role}");
+    }
+    assert!(!exists(
+        &leaf,
+        &["clusterrolebinding", "relaylet-leaf-read"]
+    ));
+    assert!(!exists(&leaf, &["pod", "-n", "team-a", "scoped-app"]));
+    w.root
+        .kubectl_ok(&["delete", "namespace", "team-a", "--wait=false"]);
     w.wait_for_node_ready(&virtual_node("leaf-1"));
 }
 
