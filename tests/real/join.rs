@@ -73,15 +73,18 @@ fn relaylet(w: &World, leaf: &ControlPlane, args: &[&str]) -> Output {
         .expect("relaylet runs")
 }
 
-fn contexts<'a>(w: &'a World, leaf: &'a ControlPlane) -> [&'a str; 6] {
-    [
+/// `relaylet <args>` naming `leaf`'s and the root's contexts and relaylet's namespace.
+fn joined_with(w: &World, leaf: &ControlPlane, args: &[&str]) -> Output {
+    let mut all = args.to_vec();
+    all.extend([
         "--leaf-context",
         &leaf.name,
         "--root-context",
         &w.root.name,
         "--namespace",
         RELAYLET_NAMESPACE,
-    ]
+    ]);
+    relaylet(w, leaf, &all)
 }
 
 /// The Ready condition's status of Node `node`.
@@ -109,9 +112,7 @@ fn join_makes_a_ready_node_status_shows_it_and_unjoin_leaves_nothing_behind() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let leaf = unregistered_leaf(w, "joined");
     let node = virtual_node("joined");
-    let mut args = vec!["join", "--name", "joined", "--timeout", "120s"];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(w, &leaf, &["join", "--name", "joined", "--timeout", "120s"]);
     eprintln!("{}", shown(&out));
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     let said = text(&out.stderr);
@@ -144,8 +145,13 @@ fn join_makes_a_ready_node_status_shows_it_and_unjoin_leaves_nothing_behind() {
     assert!(kubeconfig.contains("\"token\""), "{kubeconfig}");
     assert!(!kubeconfig.contains("client-certificate"), "{kubeconfig}");
 
-    let mut status_args = vec!["status"];
-    status_args.extend(&contexts(w, &leaf)[2..]);
+    let status_args = [
+        "status",
+        "--root-context",
+        &w.root.name,
+        "--namespace",
+        RELAYLET_NAMESPACE,
+    ];
     let out = relaylet(w, &leaf, &status_args);
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     let table = text(&out.stdout);
@@ -213,17 +219,13 @@ fn join_makes_a_ready_node_status_shows_it_and_unjoin_leaves_nothing_behind() {
     );
 
     // A pod relaylet runs in the joined leaf: its copy there is what unjoin must clean up.
-    w.root.kubectl_stdin_ok(
-        &["apply", "-f", "-"],
-        Some(&demo_pod("default", "joined-app", &node, None)),
-    );
-    eventually("the pod's copy in the joined leaf", || {
-        exists(&leaf, &["pod", "-n", "default", "joined-app"])
-    });
+    root_pod_runs_in(w, &leaf, "default", "joined-app", &node);
 
-    let mut args = vec!["unjoin", "--name", "joined", "--timeout", "180s"];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &["unjoin", "--name", "joined", "--timeout", "180s"],
+    );
     eprintln!("{}", shown(&out));
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     assert!(!exists(&w.root, &["node", &node]));
@@ -263,17 +265,19 @@ fn join_fails_naming_why_when_relaylet_cannot_reach_the_leaf_or_refuses_its_secr
     let leaf = unregistered_leaf(w, "unreachable");
 
     // Nothing listens on port 1: relaylet's Node for it is NotReady, LeafUnreachable.
-    let mut args = vec![
-        "join",
-        "--name",
-        "unreachable",
-        "--leaf-server",
-        "https://127.0.0.1:1",
-        "--timeout",
-        "40s",
-    ];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &[
+            "join",
+            "--name",
+            "unreachable",
+            "--leaf-server",
+            "https://127.0.0.1:1",
+            "--timeout",
+            "40s",
+        ],
+    );
     assert_ne!(out.status.code(), Some(0), "{}", shown(&out));
     let said = text(&out.stderr);
     assert!(
@@ -283,17 +287,19 @@ fn join_fails_naming_why_when_relaylet_cannot_reach_the_leaf_or_refuses_its_secr
     );
 
     // A node name leaf-1's Secret holds: refused at once, relaylet's reason on the last line.
-    let mut args = vec![
-        "join",
-        "--name",
-        "unreachable",
-        "--node-name",
-        "relaylet-leaf-1",
-        "--timeout",
-        "120s",
-    ];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &[
+            "join",
+            "--name",
+            "unreachable",
+            "--node-name",
+            "relaylet-leaf-1",
+            "--timeout",
+            "120s",
+        ],
+    );
     assert_ne!(out.status.code(), Some(0), "{}", shown(&out));
     let last = text(&out.stderr)
         .lines()
@@ -307,17 +313,31 @@ fn join_fails_naming_why_when_relaylet_cannot_reach_the_leaf_or_refuses_its_secr
         "{}",
         shown(&out)
     );
-    let mut args = vec![
-        "unjoin",
-        "--name",
-        "unreachable",
-        "--node-name",
-        "relaylet-unreachable",
-    ];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &[
+            "unjoin",
+            "--name",
+            "unreachable",
+            "--node-name",
+            "relaylet-unreachable",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     w.wait_for_node_ready(&virtual_node("leaf-1"));
+}
+
+/// A root pod `namespace/name` bound to `node`, once relaylet made its copy in `leaf`.
+fn root_pod_runs_in(w: &World, leaf: &ControlPlane, namespace: &str, name: &str, node: &str) {
+    w.root.kubectl_stdin_ok(
+        &["apply", "-f", "-"],
+        Some(&demo_pod(namespace, name, node, None)),
+    );
+    eventually(
+        &format!("the copy of {namespace}/{name} in the leaf"),
+        || exists(leaf, &["pod", "-n", namespace, name]),
+    );
 }
 
 /// Whether relaylet's leaf ServiceAccount may `verb` `resource` in `namespace` of `leaf`.
@@ -341,17 +361,19 @@ fn join_with_namespaced_access_grants_streams_only_there_and_narrows_an_earlier_
     leaf.kubectl_ok(&["create", "namespace", "team-a"]);
 
     // A namespace the leaf lacks: refused before anything is written.
-    let mut args = vec![
-        "join",
-        "--name",
-        "scoped",
-        "--access",
-        "namespaced",
-        "--access-namespaces",
-        "team-a,team-b",
-    ];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &[
+            "join",
+            "--name",
+            "scoped",
+            "--access",
+            "namespaced",
+            "--access-namespaces",
+            "team-a,team-b",
+        ],
+    );
     assert_ne!(out.status.code(), Some(0), "{}", shown(&out));
     assert!(
         text(&out.stderr).contains("namespace team-b does not exist in the leaf: create it first"),
@@ -361,26 +383,26 @@ fn join_with_namespaced_access_grants_streams_only_there_and_narrows_an_earlier_
     assert!(!exists(&leaf, &["namespace", "relaylet"]));
 
     // Full access first, as the default join gives.
-    let mut args = vec!["join", "--name", "scoped", "--timeout", "120s"];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(w, &leaf, &["join", "--name", "scoped", "--timeout", "120s"]);
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     assert!(leaf_may(&leaf, "create", "pods/exec", "default"));
 
     // Joined again with namespaced access: the cluster-wide grant goes, team-a keeps it.
-    let mut args = vec![
-        "join",
-        "--name",
-        "scoped",
-        "--access",
-        "namespaced",
-        "--access-namespaces",
-        "team-a",
-        "--timeout",
-        "120s",
-    ];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &[
+            "join",
+            "--name",
+            "scoped",
+            "--access",
+            "namespaced",
+            "--access-namespaces",
+            "team-a",
+            "--timeout",
+            "120s",
+        ],
+    );
     eprintln!("{}", shown(&out));
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     let said = text(&out.stderr);
@@ -402,17 +424,13 @@ fn join_with_namespaced_access_grants_streams_only_there_and_narrows_an_earlier_
 
     // relaylet runs a root pod of team-a there.
     w.root.kubectl_ok(&["create", "namespace", "team-a"]);
-    w.root.kubectl_stdin_ok(
-        &["apply", "-f", "-"],
-        Some(&demo_pod("team-a", "scoped-app", &node, None)),
-    );
-    eventually("the pod's copy in the leaf's team-a", || {
-        exists(&leaf, &["pod", "-n", "team-a", "scoped-app"])
-    });
+    root_pod_runs_in(w, &leaf, "team-a", "scoped-app", &node);
 
-    let mut args = vec!["unjoin", "--name", "scoped", "--timeout", "180s"];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &["unjoin", "--name", "scoped", "--timeout", "180s"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     assert!(!exists(
         &leaf,
@@ -451,17 +469,19 @@ fn relaylet_renews_a_short_lived_leaf_token_before_it_expires_and_sessions_carry
     let leaf = unregistered_leaf(w, "renewed");
     let node = virtual_node("renewed");
     let secret = "relaylet-leaf-renewed";
-    let mut args = vec![
-        "join",
-        "--name",
-        "renewed",
-        "--token-duration",
-        "10m",
-        "--timeout",
-        "120s",
-    ];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &[
+            "join",
+            "--name",
+            "renewed",
+            "--token-duration",
+            "10m",
+            "--timeout",
+            "120s",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
     let first_expiry = row_field(w, secret, "credentialExpires");
     assert!(
@@ -549,8 +569,10 @@ fn relaylet_renews_a_short_lived_leaf_token_before_it_expires_and_sessions_carry
     let _ = logs.kill();
     let _ = reader.join();
 
-    let mut args = vec!["unjoin", "--name", "renewed", "--timeout", "180s"];
-    args.extend(contexts(w, &leaf));
-    let out = relaylet(w, &leaf, &args);
+    let out = joined_with(
+        w,
+        &leaf,
+        &["unjoin", "--name", "renewed", "--timeout", "180s"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", shown(&out));
 }
